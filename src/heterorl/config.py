@@ -1,0 +1,433 @@
+"""Run configuration: one pydantic model per component, composed into `RunConfig`.
+
+This module must not import torch (the CLI parses configs before loading heavy modules). Every field has a
+description and bounds; unknown keys are rejected; cross-field rules live in validators. Choices between
+implementations (objective, task, delay model) are discriminated unions keyed by `name` / `kind`, so an
+unknown name fails when the config is parsed, with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override is invalid; the message names the offending field."""
+
+
+class Strict(BaseModel):
+    """Base for all config sections: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --- model
+class ModelConfig(Strict):
+    """The policy network: a local transformers checkpoint, or a small architecture built in code."""
+
+    path: str | None = Field(None, description="Local transformers checkpoint directory; None builds `arch`.")
+    arch: Literal["qwen3", "llama"] = Field("qwen3", description="Architecture family when building in code.")
+    hidden_size: int = Field(128, ge=8, le=8192, description="Width of the residual stream.")
+    num_layers: int = Field(2, ge=1, le=128, description="Number of transformer blocks.")
+    num_heads: int = Field(4, ge=1, le=128, description="Attention heads.")
+    num_kv_heads: int = Field(2, ge=1, le=128, description="Key/value heads (grouped-query attention).")
+    intermediate_size: int = Field(256, ge=8, description="MLP hidden width.")
+    max_positions: int = Field(64, ge=8, description="Maximum sequence length (prompt + completion).")
+    device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="Where to run; auto picks CUDA if present.")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} must be divisible by num_heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} must be divisible by num_kv_heads {self.num_kv_heads}")
+        return self
+
+
+# --- tasks
+class _TaskBase(Strict):
+    eval_size: int = Field(256, ge=1, le=100_000, description="Held-out prompts for greedy evaluation.")
+
+
+class AdditionTaskConfig(_TaskBase):
+    """`a+b=` -> the decimal sum; a and b have up to `digits` digits."""
+
+    name: Literal["addition"] = "addition"
+    digits: int = Field(2, ge=1, le=12, description="Maximum number of digits of each operand.")
+
+
+class ReversalTaskConfig(_TaskBase):
+    """`s=` -> s reversed, s a string over `alphabet` (the Delightful PG papers' task)."""
+
+    name: Literal["reversal"] = "reversal"
+    min_length: int = Field(4, ge=1, le=48, description="Shortest string to reverse.")
+    max_length: int = Field(8, ge=1, le=48, description="Longest string to reverse.")
+    alphabet: str = Field("abcd", min_length=2, max_length=26, description="Symbols (lower-case letters).")
+
+    @model_validator(mode="after")
+    def _lengths(self) -> ReversalTaskConfig:
+        if self.min_length > self.max_length:
+            raise ValueError(f"min_length {self.min_length} > max_length {self.max_length}")
+        if not (self.alphabet.isalpha() and self.alphabet.islower() and len(set(self.alphabet)) == len(self.alphabet)):
+            raise ValueError("alphabet must be distinct lower-case letters")
+        return self
+
+
+TaskConfig = Annotated[AdditionTaskConfig | ReversalTaskConfig, Field(discriminator="name")]
+
+
+# --- objectives
+Aggregation = Literal["seq_mean_token_mean", "token_mean", "dr_grpo"]
+AGGREGATION_HELP = (
+    "seq_mean_token_mean: mean over tokens of each sequence, then over sequences (every sequence counts the same); "
+    "token_mean: mean over all tokens of the batch (long sequences count more); "
+    "dr_grpo: sum over tokens / (B * max_len) (no length normalisation, Dr.GRPO)."
+)
+
+
+class GRPOConfig(Strict):
+    """GRPO: token-level ratio against the behaviour log-probs, PPO clip (DAPO clip-higher when eps_high > eps_low)."""
+
+    name: Literal["grpo"] = "grpo"
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range: ratio >= 1 - eps_low.")
+    eps_high: float = Field(0.2, ge=0.0, description="Upper clip range: ratio <= 1 + eps_high.")
+    aggregation: Aggregation = Field("seq_mean_token_mean", description=AGGREGATION_HELP)
+    normalize_advantages: bool = Field(True, description="Divide group-centred advantages by the group std.")
+
+
+class GSPOConfig(Strict):
+    """GSPO: sequence-level, length-normalised ratio with a very narrow clip range."""
+
+    name: Literal["gspo"] = "gspo"
+    eps_low: float = Field(3e-4, ge=0.0, le=1.0, description="Lower clip range of the sequence ratio.")
+    eps_high: float = Field(4e-4, ge=0.0, description="Upper clip range of the sequence ratio.")
+    normalize_advantages: bool = Field(True, description="Divide group-centred advantages by the group std.")
+
+
+class GEPOConfig(Strict):
+    """GEPO: sequence weight p_i / E_q[q] with the group expectation shared by the G completions of a prompt."""
+
+    name: Literal["gepo"] = "gepo"
+    eps: float = Field(0.2, ge=0.0, le=1.0, description="Clip range of the group-expectation weight.")
+    defensive_lam: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Defensive mixture: denominator (1-lam) E_q[q] + lam sg(p_i); 1 -> plain PG.",
+    )
+    switch: bool = Field(False, description="gepo+: use q_i as denominator for sequences whose KL < switch_kappa.")
+    switch_kappa: float = Field(0.002, ge=0.0, description="KL threshold of the gepo+ switch.")
+    kl_beta: float = Field(0.0, ge=0.0, description="Weight of the learner–sampler KL penalty (paper: 0.005).")
+    normalize_advantages: bool = Field(False, description="GEPO centres advantages without dividing by the std.")
+
+
+class DGConfig(Strict):
+    """Delightful PG: gate each token by sigmoid((A * surprisal - lam) / eta); no behaviour log-probs."""
+
+    name: Literal["dg"] = "dg"
+    eta: float = Field(1.0, ge=0.0, description="Gate temperature; 0 gives the hard gate 1[chi > lam].")
+    lam: float = Field(0.0, description="Gate threshold on delight chi = A * surprisal.")
+    aggregation: Aggregation = Field("seq_mean_token_mean", description=AGGREGATION_HELP)
+    normalize_advantages: bool = Field(False, description="DG uses reward minus the group mean.")
+
+
+class DecoupledPPOConfig(Strict):
+    """AReaL's decoupled PPO: clip against the proximal policy, behaviour importance weight capped."""
+
+    name: Literal["decoupled_ppo"] = "decoupled_ppo"
+    eps: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range (and upper unless eps_high is set).")
+    eps_high: float | None = Field(None, ge=0.0, description="Upper clip range; None uses eps.")
+    cap: float = Field(5.0, gt=0.0, description="Behaviour importance weight cap.")
+    cap_mode: Literal["mask", "clamp"] = Field("mask", description="mask: drop tokens above cap; clamp: truncate.")
+    aggregation: Aggregation = Field("token_mean", description=AGGREGATION_HELP)
+    normalize_advantages: bool = Field(True, description="Divide group-centred advantages by the group std.")
+
+
+class PGConfig(Strict):
+    """REINFORCE with the group-mean baseline and no off-policy correction."""
+
+    name: Literal["pg"] = "pg"
+    aggregation: Aggregation = Field("seq_mean_token_mean", description=AGGREGATION_HELP)
+    normalize_advantages: bool = Field(False, description="Divide group-centred advantages by the group std.")
+
+
+class ISPGConfig(Strict):
+    """Importance-weighted PG with the exact sequence ratio, truncated."""
+
+    name: Literal["is_pg"] = "is_pg"
+    truncate: float = Field(10.0, gt=0.0, description="Upper bound of the sequence importance weight.")
+    aggregation: Aggregation = Field("seq_mean_token_mean", description=AGGREGATION_HELP)
+    normalize_advantages: bool = Field(False, description="Divide group-centred advantages by the group std.")
+
+
+ObjectiveConfig = Annotated[
+    GRPOConfig | GSPOConfig | GEPOConfig | DGConfig | DecoupledPPOConfig | PGConfig | ISPGConfig,
+    Field(discriminator="name"),
+]
+OBJECTIVE_CONFIGS: dict[str, type[Strict]] = {
+    c.model_fields["name"].default: c
+    for c in (GRPOConfig, GSPOConfig, GEPOConfig, DGConfig, DecoupledPPOConfig, PGConfig, ISPGConfig)
+}
+
+
+# --- sampler / learner
+class SamplerConfig(Strict):
+    """How completions are drawn. Log-probs are always those of the distribution actually sampled from."""
+
+    group_size: int = Field(8, ge=2, le=1024, description="G: completions per prompt.")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Softmax temperature.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 disables.")
+    max_new_tokens: int = Field(16, ge=1, le=4096, description="Completion length limit.")
+    interruptible: bool = Field(False, description="AReaL: weights arriving mid-generation apply to later tokens.")
+
+
+class LearnerConfig(Strict):
+    """Optimizer and batch shape of the learner (fp32 master weights, AdamW)."""
+
+    steps: int = Field(100, ge=1, description="Learner steps (batches) to run; one weight version per step.")
+    groups_per_step: int = Field(16, ge=1, description="Rollout groups (prompts) per learner step.")
+    updates_per_batch: int = Field(1, ge=1, description="Optimizer steps per batch (minibatches of the batch).")
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay.")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
+    beta2: float = Field(0.99, ge=0.0, lt=1.0, description="AdamW beta2.")
+    adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
+    grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
+    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Decay after warm-up.")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Final lr / peak lr for cosine and linear.")
+
+    @model_validator(mode="after")
+    def _minibatches(self) -> LearnerConfig:
+        if self.groups_per_step % self.updates_per_batch:
+            raise ValueError(
+                f"groups_per_step {self.groups_per_step} must be divisible by updates_per_batch "
+                f"{self.updates_per_batch}"
+            )
+        return self
+
+
+class PretrainConfig(Strict):
+    """Supervised warm start that yields a partly competent base model for RL."""
+
+    max_steps: int = Field(3000, ge=1, description="Upper bound on supervised steps.")
+    batch_size: int = Field(64, ge=1, description="Examples per supervised step.")
+    lr: float = Field(3e-3, gt=0.0, description="AdamW learning rate.")
+    target_accuracy: float = Field(
+        0.45,
+        gt=0.0,
+        le=1.0,
+        description="Stop once held-out greedy accuracy reaches this (a partly competent base).",
+    )
+    eval_every: int = Field(25, ge=1, description="Steps between accuracy checks.")
+    eval_size: int = Field(128, ge=1, description="Held-out prompts for the accuracy checks.")
+
+
+class EvalConfig(Strict):
+    every: int = Field(20, ge=1, description="Learner steps between held-out greedy evaluations.")
+
+
+# --- network
+class FixedDelay(Strict):
+    kind: Literal["fixed"] = "fixed"
+    seconds: float = Field(0.0, ge=0.0, description="Constant delay.")
+
+
+class UniformDelay(Strict):
+    kind: Literal["uniform"] = "uniform"
+    low: float = Field(..., ge=0.0, description="Smallest delay (s).")
+    high: float = Field(..., ge=0.0, description="Largest delay (s).")
+
+    @model_validator(mode="after")
+    def _order(self) -> UniformDelay:
+        if self.low > self.high:
+            raise ValueError(f"low {self.low} > high {self.high}")
+        return self
+
+
+class ExponentialDelay(Strict):
+    kind: Literal["exponential"] = "exponential"
+    mean: float = Field(..., gt=0.0, description="Mean of the exponential part (s).")
+    offset: float = Field(0.0, ge=0.0, description="Added constant (s).")
+
+
+class _BandDelay(Strict):
+    """A distribution fitted so that [lower, upper] holds `conf` of its mass; samples are shifted and clipped."""
+
+    lower: float = Field(60.0, gt=0.0, description="Lower end of the confidence band and clip floor (s).")
+    upper: float = Field(1920.0, gt=0.0, description="Upper end of the confidence band and clip ceiling (s).")
+    conf: float = Field(0.995, gt=0.0, lt=1.0, description="Probability mass inside [lower, upper].")
+    offset: float = Field(0.0, ge=0.0, description="Subtracted from each sample before clipping (s).")
+
+    @model_validator(mode="after")
+    def _order(self) -> _BandDelay:
+        if self.lower >= self.upper:
+            raise ValueError(f"lower {self.lower} must be < upper {self.upper}")
+        return self
+
+
+class LogNormalDelay(_BandDelay):
+    kind: Literal["lognormal"] = "lognormal"
+
+
+class WeibullDelay(_BandDelay):
+    kind: Literal["weibull"] = "weibull"
+
+
+DelayConfig = Annotated[
+    FixedDelay | UniformDelay | ExponentialDelay | LogNormalDelay | WeibullDelay, Field(discriminator="kind")
+]
+
+
+class FaultConfig(Strict):
+    """Fault injection on one path of a link (probabilities per message)."""
+
+    drop: float = Field(0.0, ge=0.0, le=1.0, description="Message lost.")
+    duplicate: float = Field(0.0, ge=0.0, le=1.0, description="Message delivered twice.")
+    reorder: float = Field(0.0, ge=0.0, le=1.0, description="Message held back by `reorder_seconds`.")
+    reorder_seconds: float = Field(30.0, ge=0.0, description="Extra delay of a reordered message.")
+    corrupt: float = Field(0.0, ge=0.0, le=1.0, description="One byte of the payload flipped.")
+
+
+class LinkConfig(Strict):
+    """A sampler's link to the learner: transfer time = delay + bytes / bandwidth."""
+
+    weights_delay: DelayConfig = Field(default_factory=FixedDelay, description="Learner -> sampler delay model.")
+    rollout_delay: DelayConfig = Field(default_factory=FixedDelay, description="Sampler -> learner delay model.")
+    bandwidth_mbps: float | None = Field(None, gt=0.0, description="Megabits per second; None = unlimited.")
+    weights_faults: FaultConfig = Field(default_factory=FaultConfig, description="Faults on the weights path.")
+    rollout_faults: FaultConfig = Field(default_factory=FaultConfig, description="Faults on the rollout path.")
+
+
+class SamplerNodeConfig(Strict):
+    """One sampler machine of the cluster."""
+
+    name: str | None = Field(None, description="Identifier; defaults to sampler-<index>.")
+    tokens_per_second: float = Field(2000.0, gt=0.0, description="Generation speed (virtual time).")
+    link: LinkConfig = Field(default_factory=LinkConfig, description="Its link to the learner.")
+
+
+class ClusterConfig(Strict):
+    """Who runs where, at which speed, and how staleness is controlled."""
+
+    mode: Literal["sync", "async"] = Field("sync", description="sync: samplers always hold the newest weights.")
+    samplers: list[SamplerNodeConfig] = Field(
+        default_factory=lambda: [SamplerNodeConfig()], min_length=1, description="Sampler nodes."
+    )
+    learner_step_seconds: float = Field(1.0, ge=0.0, description="Virtual cost of one learner step (s).")
+    learner_seconds_per_token: float = Field(0.0, ge=0.0, description="Extra virtual cost per trained token (s).")
+    max_staleness: int | None = Field(None, ge=0, description="HeteroRL window: drop groups older than this.")
+    eta: int | None = Field(None, ge=0, description="AReaL admission bound on versions ahead; 0 = synchronous.")
+
+
+# --- weights
+class WeightsConfig(Strict):
+    """How weights travel from the learner to samplers."""
+
+    codec: Literal["full", "pulse"] = Field("pulse", description="full state dicts or PULSE sparse patches.")
+    wire_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Samplers' weight dtype.")
+    snapshot_every: int = Field(10, ge=1, description="Publish a full snapshot every K versions.")
+    max_chain: int = Field(16, ge=1, description="Longest patch chain served before a snapshot is preferred.")
+    retain: int = Field(64, ge=1, description="Versions kept in the store.")
+    zstd_level: int = Field(1, ge=-7, le=22, description="zstd level of patch payloads.")
+
+
+# --- run
+class RunConfig(Strict):
+    """Everything a run needs; written, resolved, into the run directory."""
+
+    seed: int = Field(0, ge=0, description="Seed of every random stream in the run.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=AdditionTaskConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    objective: ObjectiveConfig = Field(default_factory=GRPOConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+
+    @model_validator(mode="after")
+    def _eta_needs_async(self) -> RunConfig:
+        if self.cluster.mode == "sync" and (self.cluster.eta or self.cluster.max_staleness):
+            raise ValueError("cluster.eta / cluster.max_staleness only apply to cluster.mode 'async'")
+        return self
+
+
+# --- loading
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], value); the value is parsed as YAML (numbers, bools, lists, null)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like dotted.key=value")
+    key, raw = item.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from exc
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted overrides to a raw config dict; list items are addressed by index (`cluster.samplers.0.x`)."""
+    for item in overrides:
+        path, value = parse_override(item)
+        node: Any = data
+        for i, part in enumerate(path[:-1]):
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(f"override {item!r}: {'.'.join(path[: i + 1])} is not a valid list index")
+                node = node[int(part)]
+            else:
+                node = node.setdefault(part, {})
+            if not isinstance(node, dict | list):
+                raise ConfigError(f"override {item!r}: {'.'.join(path[: i + 1])} is not a section")
+        last = path[-1]
+        if isinstance(node, list):
+            if not last.isdigit() or int(last) >= len(node):
+                raise ConfigError(f"override {item!r}: {last!r} is not a valid list index")
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return data
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML config (or the defaults), apply `--set` overrides, validate; errors name the field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML ({exc})") from exc
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping")
+        data = loaded or {}
+    data = apply_overrides(data, overrides or [])
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None
+
+
+def config_to_yaml(cfg: BaseModel) -> str:
+    """The resolved config as YAML (round-trips through `load_config`)."""
+    return yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False)
