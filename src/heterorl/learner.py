@@ -1,0 +1,117 @@
+"""Learner: turns rollout groups into optimizer steps on fp32 master weights and bumps the weight version.
+
+One learner step = one batch of groups = one published weight version. A batch may be split into
+`updates_per_batch` minibatches (one optimizer step each); the proximal log-probs of decoupled PPO are those of
+the weights at the start of the step, computed once per batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from heterorl.config import LearnerConfig, RunConfig
+from heterorl.objectives import group_advantages, objective_from_config
+from heterorl.policy import Policy, SamplingParams
+from heterorl.rollout import Batch, RolloutGroup, pack_groups
+
+WIRE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def lr_multiplier(step: int, total: int, cfg: LearnerConfig) -> float:
+    """Linear warm-up to the peak, then constant, cosine or linear decay to `min_lr_ratio` at `total`."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    decay = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.schedule == "cosine" else 1.0 - progress
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * decay
+
+
+class Learner:
+    """Owns the master weights, the optimizer and the version counter."""
+
+    def __init__(self, policy: Policy, cfg: RunConfig) -> None:
+        self.policy = policy
+        self.cfg = cfg.learner
+        self.objective = objective_from_config(cfg.objective)
+        self.params = SamplingParams.from_config(cfg.sampler)
+        model = policy.model.float()
+        model.train()
+        self.optimizer = torch.optim.AdamW(
+            model.parameters(),
+            lr=self.cfg.lr,
+            betas=(self.cfg.beta1, self.cfg.beta2),
+            eps=self.cfg.adam_eps,
+            weight_decay=self.cfg.weight_decay,
+        )
+        total = self.cfg.steps * self.cfg.updates_per_batch
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_multiplier(s, total, self.cfg))
+        self.version = 0
+        self.wire_dtype = WIRE_DTYPES[cfg.weights.wire_dtype]
+
+    # ------------------------------------------------------------------ training
+    def _logp(self, batch: Batch) -> torch.Tensor:
+        return self.policy.token_logprobs(
+            batch.prompt_ids_BP, batch.prompt_mask_BP, batch.completion_ids_BL, batch.completion_mask_BL, self.params
+        )
+
+    def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+        """advantages -> objective -> optimizer step(s) -> version + 1. Returns namespaced statistics."""
+        batch = pack_groups(groups, self.policy.pad_id).to(self.policy.device)
+        adv_B = group_advantages(batch.rewards_B, batch.group_index_B, normalize=self.objective.normalize_advantages)
+        prox_logp_BL = None
+        if self.objective.needs_prox_logp:
+            with torch.no_grad():
+                prox_logp_BL = self._logp(batch)
+        sums: dict[str, float] = defaultdict(float)
+        chunks = torch.arange(len(groups)).chunk(self.cfg.updates_per_batch)
+        for chunk in chunks:
+            rows_B = torch.isin(batch.group_index_B, chunk.to(batch.group_index_B.device)).nonzero().squeeze(-1)
+            mb = batch.select(rows_B)
+            out = self.objective(
+                logp=self._logp(mb),
+                behavior_logp=mb.behavior_logp_BL,
+                mask=mb.completion_mask_BL,
+                advantages=adv_B[rows_B],
+                group_index=mb.group_index_B,
+                prox_logp=None if prox_logp_BL is None else prox_logp_BL[rows_B],
+            )
+            self.optimizer.zero_grad(set_to_none=True)
+            out.loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.grad_clip)
+            sums["opt/lr"] += self.scheduler.get_last_lr()[0]
+            self.optimizer.step()
+            self.scheduler.step()
+            sums["opt/grad_norm"] += float(grad_norm)
+            for key, value in out.stats.items():
+                sums[f"obj/{key}"] += value
+        self.version += 1
+        stats = {k: v / len(chunks) for k, v in sums.items()}
+        rewards = batch.rewards_B.float()
+        stats.update(
+            {
+                "reward/mean": float(rewards.mean()),
+                "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+                "perf/groups": float(len(groups)),
+                "perf/tokens": float(batch.num_tokens),
+                "perf/completion_len": batch.num_tokens / rewards.numel(),
+            }
+        )
+        return stats
+
+    # ------------------------------------------------------------------ weights out
+    def export_weights(self) -> dict[str, torch.Tensor]:
+        """The published view of the master weights: every parameter cast to the wire dtype (a fresh copy)."""
+        return {
+            name: p.detach().to(device="cpu", dtype=self.wire_dtype, copy=True)
+            for name, p in self.policy.model.named_parameters()
+        }
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        """A transformers checkpoint (safetensors + tokenizer + config) of the fp32 master weights."""
+        self.policy.save(path)
