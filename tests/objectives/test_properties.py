@@ -1,0 +1,124 @@
+"""Properties every objective shares: stats keys, padding, equal rewards, on-policy equivalence to PG."""
+
+import math
+
+import pytest
+import torch
+
+from heterorl.config import OBJECTIVE_CONFIGS
+from heterorl.objectives import (
+    CLIP_STAT_KEYS,
+    COMMON_STAT_KEYS,
+    GATE_STAT_KEYS,
+    WEIGHT_STAT_KEYS,
+    group_advantages,
+    make_objective,
+)
+
+NAMES = sorted(OBJECTIVE_CONFIGS)
+REQUIRED = {
+    "grpo": CLIP_STAT_KEYS,
+    "gspo": CLIP_STAT_KEYS,
+    "gepo": (*CLIP_STAT_KEYS, "gepo_kl"),
+    "dg": GATE_STAT_KEYS,
+    "decoupled_ppo": (*CLIP_STAT_KEYS, "cap_frac"),
+    "pg": (),
+    "is_pg": CLIP_STAT_KEYS,
+}
+B, T = 6, 5
+GROUPS = torch.tensor([4, 4, 4, 9, 9, 9])
+
+
+def make_batch(seed: int = 0, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    logp = -torch.rand(B, T, generator=g, dtype=dtype) * 3
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[:, 0] = False  # a prompt token
+    mask[1, 3:] = False  # padding
+    mask[5, 2:] = False
+    return {
+        "logp": logp,
+        "behavior_logp": logp + 0.3 * torch.randn(B, T, generator=g, dtype=dtype),
+        "prox_logp": logp + 0.1 * torch.randn(B, T, generator=g, dtype=dtype),
+        "mask": mask,
+        "advantages": torch.randn(B, generator=g, dtype=dtype),
+        "group_index": GROUPS,
+    }
+
+
+def loss_and_grad(name: str, batch: dict[str, torch.Tensor], **hp) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    logp = batch["logp"].clone().requires_grad_()
+    out = make_objective(name, **hp)(**{**batch, "logp": logp})
+    (grad,) = torch.autograd.grad(out.loss, logp)
+    return out.loss.detach(), grad, out.stats
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_objective_reports_the_required_stats(name: str):
+    _, _, stats = loss_and_grad(name, make_batch(dtype=torch.float32))
+    for key in (*COMMON_STAT_KEYS, *WEIGHT_STAT_KEYS, *REQUIRED[name]):
+        assert key in stats, key
+    assert all(type(v) is float and math.isfinite(v) for v in stats.values()), stats
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("garbage", [math.nan, math.inf, -math.inf, 50.0, -1e30])
+def test_padding_contributes_nothing(name: str, garbage: float):
+    batch = make_batch()
+    off = ~batch["mask"]
+    dirty = {k: torch.where(off, garbage, v) if k.endswith("logp") else v for k, v in batch.items()}
+    loss, grad, stats = loss_and_grad(name, batch)
+    loss_d, grad_d, stats_d = loss_and_grad(name, dirty)
+    torch.testing.assert_close(loss_d, loss)
+    torch.testing.assert_close(grad_d, grad)
+    assert (grad_d[off] == 0).all()
+    assert stats_d == pytest.approx(stats)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "dg"])
+def test_padding_equals_truncated_batch(name: str):
+    """Cutting the padded tail off the tensors changes nothing (for the length-independent aggregations)."""
+    batch = make_batch()
+    batch["mask"][:, 4:] = False
+    short = {k: v[:, :4] if v.dim() == 2 else v for k, v in batch.items()}
+    loss, grad, _ = loss_and_grad(name, batch)
+    loss_s, grad_s, _ = loss_and_grad(name, short)
+    torch.testing.assert_close(loss_s, loss)
+    torch.testing.assert_close(grad_s, grad[:, :4])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_equal_rewards_give_zero_loss_and_gradient(name: str):
+    batch = make_batch()
+    obj = make_objective(name)
+    rewards = torch.tensor([0.7, 0.7, 0.7, 0.3, 0.3, 0.3], dtype=torch.float64)
+    batch["advantages"] = group_advantages(rewards, GROUPS, normalize=obj.normalize_advantages)
+    loss, grad, stats = loss_and_grad(name, batch)
+    assert loss.item() == 0.0
+    assert (grad == 0).all()
+    assert stats["advantage_abs_mean"] == 0.0
+
+
+ON_POLICY = [
+    ("grpo", {"aggregation": "seq_mean_token_mean"}, "seq_mean_token_mean"),
+    ("grpo", {"aggregation": "token_mean"}, "token_mean"),
+    ("grpo", {"aggregation": "dr_grpo", "eps_low": 0.0, "eps_high": 0.0}, "dr_grpo"),
+    ("gspo", {}, "seq_mean_token_mean"),
+    ("decoupled_ppo", {}, "token_mean"),
+    ("decoupled_ppo", {"cap_mode": "clamp", "aggregation": "seq_mean_token_mean"}, "seq_mean_token_mean"),
+    ("is_pg", {"aggregation": "dr_grpo"}, "dr_grpo"),
+]
+
+
+@pytest.mark.parametrize(("name", "hp", "aggregation"), ON_POLICY)
+def test_on_policy_gradient_equals_pg(name: str, hp: dict, aggregation: str):
+    """behaviour = prox = current policy: every ratio is 1 with gradient grad log p, so the clip is inactive."""
+    batch = make_batch()
+    batch["behavior_logp"] = batch["prox_logp"] = batch["logp"]
+    _, grad, stats = loss_and_grad(name, batch, **hp)
+    _, grad_pg, _ = loss_and_grad("pg", batch, aggregation=aggregation)
+    torch.testing.assert_close(grad, grad_pg)
+    assert stats["kl_k3"] == 0.0
+    assert stats["is_weight_mean"] == pytest.approx(1.0)
+    assert stats["ess"] == pytest.approx(1.0)
+    assert stats.get("clip_frac", 0.0) == 0.0

@@ -1,0 +1,95 @@
+"""make_objective / objective_from_config and their error messages."""
+
+import pytest
+import torch
+
+from heterorl.config import OBJECTIVE_CONFIGS, DecoupledPPOConfig, GEPOConfig, GRPOConfig, RunConfig
+from heterorl.objectives import OBJECTIVES, hyperparameter_names, make_objective, objective_from_config
+
+
+def test_registry_covers_every_objective_config():
+    assert set(OBJECTIVES) == set(OBJECTIVE_CONFIGS)
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVE_CONFIGS))
+def test_defaults_come_from_the_config(name: str):
+    obj = make_objective(name)
+    assert obj.name == name
+    assert obj.config == OBJECTIVE_CONFIGS[name]()
+    assert obj.normalize_advantages == OBJECTIVE_CONFIGS[name]().normalize_advantages  # type: ignore[attr-defined]
+    assert obj.needs_prox_logp == (name == "decoupled_ppo")
+
+
+def test_hyperparameters_are_applied():
+    obj = make_objective("gepo", eps=0.3, defensive_lam=0.1, normalize_advantages=True)
+    assert obj.config == GEPOConfig(eps=0.3, defensive_lam=0.1, normalize_advantages=True)
+    assert obj.normalize_advantages
+
+
+def test_unknown_name_lists_valid_names():
+    with pytest.raises(ValueError, match="unknown objective 'ppo'") as err:
+        make_objective("ppo")
+    for name in OBJECTIVE_CONFIGS:
+        assert name in str(err.value)
+
+
+def test_unknown_hyperparameter_lists_valid_ones():
+    with pytest.raises(ValueError, match="epsilon") as err:
+        make_objective("grpo", epsilon=0.2)
+    msg = str(err.value)
+    assert "invalid hyperparameters for objective 'grpo'" in msg
+    for field in ("eps_low", "eps_high", "aggregation", "normalize_advantages"):
+        assert field in msg
+    assert hyperparameter_names("grpo") == ["eps_low", "eps_high", "aggregation", "normalize_advantages"]
+
+
+@pytest.mark.parametrize(
+    ("name", "hp"),
+    [("grpo", {"eps_low": -0.1}), ("dg", {"aggregation": "sum"}), ("decoupled_ppo", {"cap": 0}), ("gepo", {"eps": 2})],
+)
+def test_invalid_value_is_a_value_error(name: str, hp: dict):
+    with pytest.raises(ValueError, match=f"invalid hyperparameters for objective '{name}'.*{next(iter(hp))}"):
+        make_objective(name, **hp)
+
+
+def test_objective_from_config():
+    cfg = DecoupledPPOConfig(cap=3.0, cap_mode="clamp")
+    obj = objective_from_config(cfg)
+    assert obj.name == "decoupled_ppo"
+    assert obj.config is cfg
+    assert obj.needs_prox_logp
+    assert objective_from_config(RunConfig().objective).name == "grpo"
+
+
+def test_objective_from_wrong_config():
+    with pytest.raises(ValueError, match="unknown objective"):
+        objective_from_config(RunConfig().model)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"behavior_logp": torch.zeros(2, 4)}, "behavior_logp has shape"),
+        ({"mask": torch.ones(3)}, "mask has shape"),
+        ({"advantages": torch.zeros(2, 1)}, "advantages must be"),
+        ({"group_index": torch.zeros(2)}, "group_index must be an integer"),
+        ({"mask": torch.zeros(2, 3)}, "no completion tokens"),
+    ],
+)
+def test_input_validation(kwargs: dict, match: str):
+    args = {
+        "logp": torch.zeros(2, 3),
+        "behavior_logp": torch.zeros(2, 3),
+        "mask": torch.ones(2, 3),
+        "advantages": torch.zeros(2),
+        "group_index": torch.zeros(2, dtype=torch.long),
+    }
+    with pytest.raises(ValueError, match=match):
+        make_objective("grpo")(**{**args, **kwargs})
+
+
+def test_objective_is_frozen():
+    obj = make_objective("grpo")
+    with pytest.raises(AttributeError):
+        obj.name = "pg"  # type: ignore[misc]
+    assert isinstance(obj.config, GRPOConfig)
