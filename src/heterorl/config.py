@@ -216,9 +216,10 @@ class LearnerConfig(Strict):
 class PretrainConfig(Strict):
     """Supervised warm start that yields a partly competent base model for RL."""
 
-    max_steps: int = Field(3000, ge=1, description="Upper bound on supervised steps.")
+    max_steps: int = Field(2000, ge=1, description="Upper bound on supervised steps.")
     batch_size: int = Field(64, ge=1, description="Examples per supervised step.")
     lr: float = Field(3e-3, gt=0.0, description="AdamW learning rate.")
+    warmup_steps: int = Field(100, ge=0, description="Linear learning-rate warm-up (stabilises the first steps).")
     target_accuracy: float = Field(
         0.45,
         gt=0.0,

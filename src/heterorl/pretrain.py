@@ -81,6 +81,7 @@ def pretrain(cfg: RunConfig, out_dir: str | Path, show_progress: bool = True) ->
     stream = task.train_stream(cfg.seed + 17)
     val = [next(stream) for _ in range(pc.eval_size)]
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=pc.lr, weight_decay=0.0)
+    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, pc.warmup_steps)))
     accuracy, step = 0.0, 0
     with progress_bar("pretrain", total=pc.max_steps, enabled=show_progress) as bar:
         for step in range(1, pc.max_steps + 1):
@@ -91,6 +92,7 @@ def pretrain(cfg: RunConfig, out_dir: str | Path, show_progress: bool = True) ->
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.model.parameters(), 1.0)
             optimizer.step()
+            warmup.step()
             bar.advance(1, loss=loss.detach().item())
             if step % pc.eval_every == 0:
                 accuracy = greedy_accuracy(policy, task, val, cfg.sampler.max_new_tokens)

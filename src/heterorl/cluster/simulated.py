@@ -125,6 +125,7 @@ class SimulatedCluster:
         self.started_groups = 0
         self.dropped_groups = 0
         self.staleness_hist: Counter[int] = Counter()
+        self.admissions: list[tuple[int, int]] = []  # (groups in the admission budget, learner version) per start
         self.sync_bytes = 0
         self.sync_full_bytes = 0
         self._version_bytes = (0, 0, 0.0)  # bytes, full bytes, changed share of the newest version's messages
@@ -192,6 +193,7 @@ class SimulatedCluster:
             if not self._admitted(n):
                 return
         self.started_groups += n
+        self.admissions.append((self.started_groups - self.dropped_groups, self.learner.version))
         node.generating, node.started_at = True, self.loop.now
         process = node.sampler.iter_groups(n)
         if self.cfg.sampler.interruptible:

@@ -1,0 +1,107 @@
+"""The `heterorl` command. Thin: parse the config, then import the heavy modules lazily (`--help` is instant)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from heterorl.config import ConfigError, load_config
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training across slow, unequal networks.")
+
+ConfigArg = Annotated[Path | None, typer.Argument(help="YAML run config (defaults apply when omitted).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value (repeatable).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+
+
+def _load(config: Path | None, overrides: list[str] | None):
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as exc:
+        typer.secho(str(exc), fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
+def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    from rich.table import Table
+
+    from heterorl.console import console
+
+    table = Table(title="heterorl run", show_header=False, title_justify="left")
+    acc0, acc1 = summary["accuracy_initial"], summary["accuracy_final"]
+    table.add_row("held-out accuracy", f"{acc0:.1%} -> {acc1:.1%}  ({(acc1 - acc0) * 100:+.1f} points)")
+    table.add_row("reward", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}")
+    table.add_row("learner steps", f"{summary['steps']}  ({summary['objective']}, {summary['mode']} mode)")
+    table.add_row("virtual time", f"{summary['virtual_seconds']:.0f} s")
+    table.add_row("staleness", f"mean {summary['staleness_mean']:.2f}, max {summary['staleness_max']} steps")
+    table.add_row("groups dropped", str(summary["groups_dropped"]))
+    table.add_row("throughput", f"{summary['tokens_per_virtual_second']:.0f} tokens / virtual s")
+    idle = ", ".join(f"{k} {v:.0%}" for k, v in summary["sampler_idle"].items())
+    table.add_row("idle", f"learner {summary['learner_idle']:.0%}; samplers {idle}")
+    if summary["weight_bytes_full"]:
+        ratio = summary["weight_bytes_full"] / max(summary["weight_bytes_sent"], 1)
+        table.add_row("weight traffic", f"{summary['weight_bytes_sent'] / 1e6:.2f} MB ({ratio:.1f}x less than full)")
+    table.add_row("wall time", f"{summary['wall_seconds']:.1f} s (RL {summary['rl_wall_seconds']:.1f} s)")
+    table.add_row("run directory", str(run_dir))
+    console.print(table)
+
+
+@app.command()
+def run(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Where to write the run.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Post-train a model with RL on the simulated cluster and write a run directory."""
+    cfg = _load(config, set_)
+    from heterorl.run import execute, new_run_dir
+
+    target = run_dir or new_run_dir(name=config.stem if config else "run")
+    summary = execute(cfg, target, show_progress=not quiet)
+    _print_summary(summary, target)
+
+
+@app.command()
+def pretrain(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Checkpoint directory (default: the cache).")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Supervised warm start: train until the target accuracy and save a transformers checkpoint."""
+    cfg = _load(config, set_)
+    from heterorl.pretrain import ensure_base_model
+    from heterorl.pretrain import pretrain as do_pretrain
+
+    result = do_pretrain(cfg, out, not quiet) if out else ensure_base_model(cfg, not quiet)
+    cached = " (cached)" if result.cached else ""
+    typer.echo(f"base model{cached}: {result.path}  steps={result.steps}  val_accuracy={result.val_accuracy:.1%}")
+
+
+@app.command("eval")
+def evaluate(
+    checkpoint: Annotated[Path, typer.Argument(help="A transformers checkpoint directory.")],
+    config: Annotated[Path | None, typer.Option("--config", help="Config naming the task.")] = None,
+    set_: SetOpt = None,
+) -> None:
+    """Held-out greedy accuracy of a checkpoint on the config's task."""
+    cfg = _load(config, set_)
+    from heterorl.evaluate import greedy_accuracy
+    from heterorl.policy import Policy
+    from heterorl.tasks import make_task
+
+    task = make_task(cfg.task)
+    policy = Policy.load(checkpoint)
+    acc = greedy_accuracy(policy, task, task.eval_set(), cfg.sampler.max_new_tokens)
+    typer.echo(f"{checkpoint}: held-out greedy accuracy {acc:.1%} on {len(task.eval_set())} {cfg.task.name} prompts")
+
+
+def main() -> None:  # pragma: no cover
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

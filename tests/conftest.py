@@ -1,0 +1,57 @@
+"""Shared fixtures: a tiny random checkpoint (fast component tests) and an isolated base-model cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from heterorl.config import ModelConfig, RunConfig, load_config
+from heterorl.policy import Policy
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised 1-layer Qwen3-style checkpoint with the character tokenizer."""
+    path = tmp_path_factory.mktemp("tiny-model")
+    Policy.from_config(ModelConfig(**TINY_MODEL), seed=0).save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One base-model cache for the whole session (the smoke base model is built once)."""
+    return tmp_path_factory.mktemp("heterorl-cache")
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETERORL_CACHE", str(cache_dir))
+
+
+def tiny_config(model_dir: Path, *overrides: str) -> RunConfig:
+    """A fast run on the tiny checkpoint: 1-digit addition, short completions, small batches."""
+    base = [
+        f"model.path={model_dir}",
+        "task.name=addition",
+        "task.digits=1",
+        "task.eval_size=16",
+        "sampler.group_size=4",
+        "sampler.max_new_tokens=3",
+        "learner.steps=6",
+        "learner.groups_per_step=4",
+        "learner.lr=1e-3",
+        "eval.every=3",
+        "weights.codec=full",
+    ]
+    return load_config(None, [*base, *overrides])
+
+
+def smoke_config(*overrides: str) -> RunConfig:
+    return load_config(REPO / "configs" / "smoke.yaml", list(overrides))

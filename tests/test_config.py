@@ -1,0 +1,82 @@
+from pathlib import Path
+
+import pytest
+
+from heterorl.config import ConfigError, RunConfig, apply_overrides, config_to_yaml, load_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((REPO / "configs").glob("**/*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_loads_and_round_trips(path: Path, tmp_path: Path) -> None:
+    cfg = load_config(path)
+    out = tmp_path / "resolved.yaml"
+    out.write_text(config_to_yaml(cfg))
+    assert load_config(out) == cfg
+
+
+def test_shipped_configs_exist() -> None:
+    assert {"demo.yaml", "smoke.yaml"} <= {p.name for p in SHIPPED}
+
+
+def test_overrides_are_typed_and_dotted() -> None:
+    cfg = load_config(None, ["objective.name=gepo", "objective.defensive_lam=0.25", "learner.lr=3e-4"])
+    assert cfg.objective.name == "gepo"
+    assert cfg.objective.defensive_lam == 0.25
+    assert cfg.learner.lr == pytest.approx(3e-4)
+
+
+def test_override_into_a_list_by_index() -> None:
+    data = apply_overrides({"cluster": {"samplers": [{"tokens_per_second": 1.0}]}}, ["cluster.samplers.0.name=a"])
+    assert data["cluster"]["samplers"][0] == {"tokens_per_second": 1.0, "name": "a"}
+    with pytest.raises(ConfigError, match="valid list index"):
+        apply_overrides({"cluster": {"samplers": []}}, ["cluster.samplers.3.name=a"])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["learner.lr=-1"], "learner.lr"),
+        (["learner.bogus=1"], "learner.bogus"),
+        (["objective.name=ppo2"], "objective"),
+        (["objective.name=gepo", "objective.eps_low=0.1"], "objective.gepo.eps_low"),
+        (["model.hidden_size=130"], "divisible by num_heads"),
+        (["sampler.top_p=1.5"], "sampler.top_p"),
+        (["learner.groups_per_step=6", "learner.updates_per_batch=4"], "divisible by updates_per_batch"),
+        (["cluster.eta=2"], "only apply to cluster.mode 'async'"),
+        (["task.name=reversal", "task.min_length=9", "task.max_length=3"], "min_length"),
+        (
+            ["cluster.samplers.0.link.weights_delay.kind=lognormal", "cluster.samplers.0.link.weights_delay.lower=9"],
+            "valid list",
+        ),
+    ],
+)
+def test_bad_values_fail_with_a_message_naming_the_field(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_bad_files_fail_clearly(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(tmp_path / "list.yaml")
+    (tmp_path / "broken.yaml").write_text("learner: {lr: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "broken.yaml")
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        load_config(None, ["learner.lr"])
+
+
+def test_config_module_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, heterorl.config; assert 'torch' not in sys.modules, 'config imported torch'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_defaults_are_valid() -> None:
+    assert RunConfig().objective.name == "grpo"
