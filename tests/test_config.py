@@ -66,7 +66,7 @@ def test_bad_files_fail_clearly(tmp_path: Path) -> None:
     (tmp_path / "broken.yaml").write_text("learner: {lr: [\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(tmp_path / "broken.yaml")
-    with pytest.raises(ConfigError, match="dotted.key=value"):
+    with pytest.raises(ConfigError, match=r"dotted\.key=value"):
         load_config(None, ["learner.lr"])
 
 

@@ -52,7 +52,8 @@ def test_updates_per_batch_makes_several_optimizer_steps(tiny_model_dir: Path) -
     _, learner, sampler = _setup(tiny_model_dir, "learner.updates_per_batch=2")
     learner.train_step(_groups_with_signal(sampler, 4))
     steps = {int(s["step"]) for s in learner.optimizer.state.values()}
-    assert steps == {2} and learner.version == 1
+    assert steps == {2}
+    assert learner.version == 1
 
 
 def test_decoupled_ppo_gets_proximal_logprobs(tiny_model_dir: Path) -> None:

@@ -49,7 +49,8 @@ def test_masks_exclude_prompt_and_padding(policy: Policy) -> None:
     mask = gen.completion_mask_NL.bool()
     for row in range(mask.shape[0]):
         n = int(mask[row].sum())
-        assert mask[row, :n].all() and not mask[row, n:].any()  # contiguous from the first completion token
+        assert mask[row, :n].all()
+        assert not mask[row, n:].any()
         ids = gen.completion_ids_NL[row]
         if n < ids.shape[0]:
             assert ids[n - 1] == policy.eos_id  # stopped by end-of-sequence
@@ -119,7 +120,8 @@ def test_interrupted_generation_tags_and_scores_each_token_with_its_weights(tiny
     version["v"] = 1
     gen = run_process(process)
     mask_NL = gen.completion_mask_NL.bool()
-    assert (gen.version_NL[:, :2] == 0).all() and (gen.version_NL[:, 2:][mask_NL[:, 2:]] == 1).all()
+    assert (gen.version_NL[:, :2] == 0).all()
+    assert (gen.version_NL[:, 2:][mask_NL[:, 2:]] == 1).all()
     with torch.no_grad():
         lp_old = old.token_logprobs(ids, mask, gen.completion_ids_NL, gen.completion_mask_NL, params)
         lp_new = new.token_logprobs(ids, mask, gen.completion_ids_NL, gen.completion_mask_NL, params)

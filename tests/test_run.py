@@ -76,5 +76,6 @@ def test_base_model_is_cached(tmp_path: Path) -> None:
 
     first = ensure_base_model(smoke_config(), show_progress=False)
     second = ensure_base_model(smoke_config(), show_progress=False)
-    assert second.cached and second.path == first.path
+    assert second.cached
+    assert second.path == first.path
     assert (Path(second.path) / "tokenizer.json").is_file()

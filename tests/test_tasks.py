@@ -52,7 +52,8 @@ def test_streams_are_seeded_and_disjoint_from_the_held_out_set(task) -> None:
 def test_held_out_set_is_independent_of_the_run_seed() -> None:
     a = make_task(AdditionTaskConfig(digits=2, eval_size=32)).eval_set()
     b = make_task(AdditionTaskConfig(digits=2, eval_size=32)).eval_set()
-    assert a == b and len(a) == 32
+    assert a == b
+    assert len(a) == 32
 
 
 def test_small_problem_spaces_keep_most_problems_for_training() -> None:

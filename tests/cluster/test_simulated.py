@@ -98,13 +98,14 @@ def test_window_drops_exactly_the_groups_older_than_max_staleness(tiny_model_dir
 
 def test_staleness_counts_the_oldest_token_of_a_group() -> None:
     g = _group(4, 0)  # tokens from versions 4 and 5 (an interrupted rollout)
-    assert g.min_version == 4 and g.staleness(9) == 5
+    assert g.min_version == 4
+    assert g.staleness(9) == 5
 
 
 @pytest.mark.parametrize("eta", [0, 1, 3])
 def test_areal_admission_never_runs_more_than_eta_versions_ahead(tiny_model_dir: Path, eta: int) -> None:
     link = "{weights_delay: {kind: uniform, low: 1, high: 30}}"
-    cluster, records = build(
+    cluster, _records = build(
         tiny_model_dir,
         *nodes(*[f"{{tokens_per_second: {s}, link: {link}}}" for s in (50, 25, 12.5)]),
         "cluster.mode=async",
@@ -122,7 +123,7 @@ def test_areal_admission_never_runs_more_than_eta_versions_ahead(tiny_model_dir:
 
 def test_interruptible_rollouts_mix_versions_within_a_completion(tiny_model_dir: Path) -> None:
     link = "{weights_delay: {kind: fixed, seconds: 0.1}}"
-    cluster, records = build(
+    cluster, _records = build(
         tiny_model_dir,
         *nodes(f"{{tokens_per_second: 2, link: {link}}}", f"{{tokens_per_second: 40, link: {link}}}"),
         "cluster.mode=async",
@@ -151,7 +152,10 @@ def _strip_wall(records: list[dict]) -> list[dict]:
 
 
 def test_same_config_and_seed_give_identical_metrics(tiny_model_dir: Path, tmp_path: Path) -> None:
-    link = "{weights_delay: {kind: lognormal, lower: 5, upper: 60, conf: 0.99}, rollout_delay: {kind: exponential, mean: 1}}"
+    link = (
+        "{weights_delay: {kind: lognormal, lower: 5, upper: 60, conf: 0.99},"
+        " rollout_delay: {kind: exponential, mean: 1}}"
+    )
     overrides = [
         *nodes(*[f"{{tokens_per_second: {s}, link: {link}}}" for s in (20, 10, 5)]),
         "cluster.mode=async",
