@@ -80,3 +80,9 @@ def test_config_module_does_not_import_torch() -> None:
 
 def test_defaults_are_valid() -> None:
     assert RunConfig().objective.name == "grpo"
+
+
+def test_override_of_an_aliased_yaml_node_changes_only_that_item(tmp_path: Path) -> None:
+    (tmp_path / "c.yaml").write_text("cluster:\n  samplers:\n    - link: &l {bandwidth_mbps: 10}\n    - link: *l\n")
+    cfg = load_config(tmp_path / "c.yaml", ["cluster.samplers.0.link.bandwidth_mbps=99"])
+    assert [s.link.bandwidth_mbps for s in cfg.cluster.samplers] == [99, 10]

@@ -337,6 +337,7 @@ class WeightsConfig(Strict):
     max_chain: int = Field(16, ge=1, description="Longest patch chain served before a snapshot is preferred.")
     retain: int = Field(64, ge=1, description="Versions kept in the store.")
     zstd_level: int = Field(1, ge=-7, le=22, description="zstd level of patch payloads.")
+    overlap: bool = Field(True, description="Publish in a worker thread while the next learner step runs.")
 
 
 # --- run
@@ -421,7 +422,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise ConfigError(f"{p}: not valid YAML ({exc})") from exc
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{p}: the top level must be a mapping")
-        data = loaded or {}
+        # a JSON round trip gives every YAML alias (&anchor / *ref) its own copy, so an override of one
+        # list item never silently changes the items that shared the anchor
+        data = json.loads(json.dumps(loaded or {}))
     data = apply_overrides(data, overrides or [])
     try:
         return RunConfig.model_validate(data)

@@ -15,7 +15,6 @@ from typing import Any
 import torch
 
 from heterorl.cluster.simulated import SimulatedCluster
-from heterorl.cluster.transport import make_publisher
 from heterorl.config import RunConfig, config_to_yaml
 from heterorl.console import progress_bar
 from heterorl.evaluate import greedy_accuracy
@@ -99,7 +98,7 @@ def execute(cfg: RunConfig, run_dir: str | Path, show_progress: bool = True) -> 
                 fields["acc"] = accuracies[-1]
             bar.advance(1, **fields)
 
-        cluster = SimulatedCluster(cfg, learner, samplers, make_publisher(cfg.weights), on_step)
+        cluster = SimulatedCluster(cfg, learner, samplers, on_step)
         cluster.run()
     rl_seconds = time.monotonic() - rl_start
     learner.save_checkpoint(run_dir / "checkpoint")

@@ -14,9 +14,12 @@ Modes (both built from the same events):
 - sync: the learner publishes v, every sampler waits for v, generates its even share of the batch, the learner
   waits for all of it. The classic synchronous RL loop, paying every delay and the slowest sampler each step.
 
-Weights are pushed: every published version is sent to every sampler (a patch against the previous version it
-was sent, so the FIFO stream is a patch chain). With `sampler.interruptible`, a version arriving mid-generation
-is applied between two tokens (generation is a suspendable process); otherwise it waits for the generation end.
+Weights are pushed: every published version is sent to every sampler as the store's smallest update from the
+version it was last sent (over a FIFO path that is a PULSE patch chain, with snapshots as the store decides).
+A receiver that fails to apply an update (hash mismatch, corrupt patch) is sent a snapshot next. Publishing runs
+in a worker thread while the learner's next step computes; the sends happen at the same virtual instant, so the
+overlap changes wall time only. With `sampler.interruptible`, a version arriving mid-generation is applied
+between two tokens (generation is a suspendable process); otherwise it waits for the generation end.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 from heterorl.cluster.events import EventLoop
-from heterorl.cluster.transport import WeightMessage, WeightPublisher, WeightReceiver
+from heterorl.cluster.transport import BackgroundPublisher
 from heterorl.config import RunConfig
 from heterorl.learner import Learner
 from heterorl.network import Link, bandwidth_seconds
 from heterorl.policy import run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.sampler import Sampler
+from heterorl.weights import Update, WeightReceiver
 
 
 @dataclass
@@ -67,8 +71,9 @@ class SamplerNode:
     weights_path: _Path
     rollout_path: _Path
     receiver: WeightReceiver = field(default_factory=WeightReceiver)
-    inbox: deque[WeightMessage] = field(default_factory=deque)
-    sent_version: int | None = None  # newest version pushed to it (the base of the next patch)
+    inbox: deque[Update] = field(default_factory=deque)
+    sent: tuple[int | None, str | None] = (None, None)  # (version, hash) it will hold: the next update's base
+    failed_updates: int = 0
     generating: bool = False
     started_at: float = 0.0
     busy_seconds: float = 0.0
@@ -101,14 +106,14 @@ class SimulatedCluster:
         cfg: RunConfig,
         learner: Learner,
         samplers: list[Sampler],
-        publisher: WeightPublisher,
         on_step: Callable[[dict], None],
     ) -> None:
         cc = cfg.cluster
         if len(samplers) != len(cc.samplers):
             raise ValueError(f"{len(samplers)} samplers for {len(cc.samplers)} configured nodes")
         self.cfg, self.cc = cfg, cc
-        self.learner, self.publisher, self.on_step = learner, publisher, on_step
+        self.learner, self.on_step = learner, on_step
+        self.publisher = BackgroundPublisher(cfg.weights)
         self.loop = EventLoop()
         self.nodes = []
         for i, (s, nc) in enumerate(zip(samplers, cc.samplers, strict=True)):
@@ -128,7 +133,7 @@ class SimulatedCluster:
         self.admissions: list[tuple[int, int]] = []  # (groups in the admission budget, learner version) per start
         self.sync_bytes = 0
         self.sync_full_bytes = 0
-        self._version_bytes = (0, 0, 0.0)  # bytes, full bytes, changed share of the newest version's messages
+        self._version_sync: dict[str, float] = {}  # sync/* metrics of the newest version's sends
         self.wall_start = time.monotonic()
 
     # ------------------------------------------------------------------ running
@@ -138,39 +143,60 @@ class SimulatedCluster:
 
     def run(self) -> None:
         self._publish()
-        self.loop.run_until(lambda: self.done)
+        try:
+            self.loop.run_until(lambda: self.done)
+        finally:
+            self.publisher.close()
         if not self.done:
             raise RuntimeError("the simulation stalled: no event left before the last learner step")
 
     # ------------------------------------------------------------------ weights path
     def _publish(self) -> None:
-        """Publish the learner's current version and push it to every sampler."""
-        version = self.learner.version
-        self.publisher.publish(version, self.learner.export_weights())
-        sent, full, share = 0, 0, 0.0
+        """Start publishing the learner's current version; its sends follow at the same virtual instant."""
+        self.publisher.submit(self.learner.version, self.learner.export_weights())
+        self.loop.schedule_in(0.0, self._send_newest, label=f"send v{self.learner.version}")
+
+    def _send_newest(self) -> None:
+        """Push the newest version to every sampler: the smallest update from what it was sent before."""
+        published = self.publisher.result()
+        store = self.publisher.store
+        sent = 0
         for node in self.nodes:
-            msg = self.publisher.message(node.sent_version)
-            node.sent_version = version
-            arrival = node.weights_path.send(self.loop.now, msg.nbytes)
-            self.loop.schedule(arrival, self._weights_arrive, node, msg, label=f"weights v{version} -> {node.name}")
-            sent, full, share = sent + msg.nbytes, full + msg.full_bytes, max(share, msg.changed_share)
+            update = store.update_for(*node.sent)
+            node.sent = (published.version, published.state_hash)
+            arrival = node.weights_path.send(self.loop.now, update.nbytes)
+            label = f"weights v{published.version} -> {node.name}"
+            self.loop.schedule(arrival, self._weights_arrive, node, update, label=label)
+            sent += update.nbytes
+        full = published.numel * self.learner.wire_dtype.itemsize * len(self.nodes)  # raw wire-dtype weights
         self.sync_bytes += sent
         self.sync_full_bytes += full
-        self._version_bytes = (sent, full, share)
+        self._version_sync = {
+            "sync/bytes": float(sent),
+            "sync/full_bytes": float(full),
+            "sync/changed_share": (published.changed or 0) / published.numel if published.changed is not None else 1.0,
+            "time/wall_publish": published.seconds,
+        }
 
-    def _weights_arrive(self, node: SamplerNode, msg: WeightMessage) -> None:
-        node.inbox.append(msg)
+    def _weights_arrive(self, node: SamplerNode, update: Update) -> None:
+        node.inbox.append(update)
         if not node.generating or self.cfg.sampler.interruptible:
             self._apply_inbox(node)
         if not node.generating:
             self._maybe_generate(node)
 
     def _apply_inbox(self, node: SamplerNode) -> None:
+        """Apply every queued update in order; on a failure the learner sends a snapshot next time."""
         if not node.inbox:
             return
+        before = node.receiver.version
         while node.inbox:
-            node.receiver.apply(node.inbox.popleft())
-        node.sampler.load_weights(node.receiver.version, node.receiver.weights)
+            if not node.receiver.apply(node.inbox.popleft()):
+                node.failed_updates += 1
+                node.sent = (None, None)
+                node.inbox.clear()
+        if node.receiver.version is not None and node.receiver.version != before:
+            node.sampler.load_weights(node.receiver.version, node.receiver.weights)
 
     # ------------------------------------------------------------------ generation
     def _admitted(self, n: int) -> bool:
@@ -270,7 +296,7 @@ class SimulatedCluster:
         self.learner_busy = False
         self.learner_busy_seconds += cost
         self.steps_done += 1
-        self._publish()  # off the learner's critical path: transfers overlap the next step (ParaBlock)
+        self._publish()  # off the learner's critical path: encoding overlaps the next step (ParaBlock)
         self.on_step(self._record(stats))
         self._wake_samplers()
         self._maybe_train()
@@ -282,7 +308,6 @@ class SimulatedCluster:
     # ------------------------------------------------------------------ metrics
     def _record(self, stats: dict) -> dict:
         now = max(self.loop.now, 1e-12)
-        sent, full, share = self._version_bytes
         record = {
             "kind": "train",
             "step": self.steps_done,
@@ -292,9 +317,7 @@ class SimulatedCluster:
             "stale/dropped_total": float(self.dropped_groups),
             "perf/learner_idle": 1.0 - self.learner_busy_seconds / now,
             "perf/tokens_per_vsec": sum(n.tokens for n in self.nodes) / now,
-            "sync/bytes": float(sent),
-            "sync/full_bytes": float(full),
-            "sync/changed_share": share,
+            **self._version_sync,
             **stats,
         }
         for node in self.nodes:

@@ -1,101 +1,47 @@
-"""The one interface weights travel through: the learner publishes versions, a sampler receives messages.
+"""Weight publication off the learner's critical path (ParaBlock's communication–computation overlap).
 
-A `WeightPublisher` lives with the learner: `publish(version, weights)` and `message(held_version)` (the update
-that brings a receiver holding `held_version` to the newest version). A `WeightReceiver` lives with a sampler:
-`apply(message)` and the weights it now holds. Messages are bytes plus a small envelope, so the same objects
-cross a simulated link (charged `nbytes`) or a real socket. `make_publisher` picks the codec from the config:
-full snapshots (safetensors bytes) or PULSE sparse patches.
+Weights travel through one interface whatever the codec: the learner publishes versions into a
+`heterorl.weights.WeightStore` (full snapshots or PULSE patches, per `weights.codec`); a sampler's
+`WeightReceiver` applies the `Update` the store builds for the version it holds. `BackgroundPublisher` runs the
+publish (cast, diff, encode, hash) in a worker thread so the next learner step starts at once; whoever needs
+the new version (the sends to samplers) waits for it with `result()`.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 
 from heterorl.config import WeightsConfig
+from heterorl.weights import Published, WeightStore
 
 
-@dataclass(frozen=True)
-class WeightMessage:
-    """One weight update on the wire: `payload` brings a receiver at `base_version` (None: any) to `version`."""
-
-    version: int
-    base_version: int | None
-    kind: str  # "snapshot" | "patch"
-    payload: bytes
-    full_bytes: int  # what a full wire-dtype snapshot of the same version costs, for comparison
-    changed_share: float = 1.0  # share of weight elements whose bits the message rewrites
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.payload)
-
-
-def state_nbytes(weights: dict[str, torch.Tensor]) -> int:
-    """Raw byte size of a state dict."""
-    return sum(t.numel() * t.element_size() for t in weights.values())
-
-
-class WeightPublisher(ABC):
-    """Learner side: holds published versions and builds the message a receiver needs."""
+class BackgroundPublisher:
+    """Publishes into a WeightStore in one worker thread (or inline when `overlap` is False)."""
 
     def __init__(self, cfg: WeightsConfig) -> None:
-        self.cfg = cfg
-        self.version: int | None = None
+        self.store = WeightStore.from_config(cfg)
+        self.overlap = cfg.overlap
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish") if cfg.overlap else None
+        self._pending: Future[Published] | None = None
+        self._last: Published | None = None
 
-    @abstractmethod
-    def publish(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        """Make `version` (wire-dtype tensors, not modified afterwards by the caller) the newest."""
-
-    @abstractmethod
-    def message(self, held_version: int | None) -> WeightMessage:
-        """The update that brings a receiver holding `held_version` (None: nothing) to the newest version."""
-
-
-class SnapshotPublisher(WeightPublisher):
-    """Always sends the whole state dict as safetensors bytes (the full-weight baseline)."""
-
-    def publish(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        self._payload = save_safetensors({k: v.contiguous() for k, v in weights.items()})
-        self._full = state_nbytes(weights)
-        self.version = version
-
-    def message(self, held_version: int | None) -> WeightMessage:
-        if self.version is None:
-            raise RuntimeError("nothing published yet")
-        return WeightMessage(self.version, None, "snapshot", self._payload, self._full)
-
-
-class WeightReceiver:
-    """Sampler side: the weights it holds, their version, and how messages update them."""
-
-    def __init__(self) -> None:
-        self.version: int | None = None
-        self.weights: dict[str, torch.Tensor] = {}
-
-    def apply(self, msg: WeightMessage) -> None:
-        """Apply a message; snapshots replace everything, patches are validated against the held base."""
-        if msg.kind == "snapshot":
-            self.weights = load_safetensors(msg.payload)
-        elif msg.kind == "patch":
-            from heterorl.weights import apply_patch
-
-            if msg.base_version != self.version:
-                raise ValueError(f"patch for base {msg.base_version} offered to receiver at {self.version}")
-            apply_patch(self.weights, msg.payload)
+    def submit(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        """Start publishing `version`; `weights` must not be modified afterwards (pass a copy)."""
+        self.result()  # versions are published in order
+        if self._pool is None:
+            self._last = self.store.publish(version, weights)
         else:
-            raise ValueError(f"unknown weight message kind {msg.kind!r}")
-        self.version = msg.version
+            self._pending = self._pool.submit(self.store.publish, version, weights)
 
+    def result(self) -> Published | None:
+        """The newest publication, once complete (waits for a pending one)."""
+        if self._pending is not None:
+            self._last, self._pending = self._pending.result(), None
+        return self._last
 
-def make_publisher(cfg: WeightsConfig) -> WeightPublisher:
-    """The publisher for `cfg.codec`."""
-    if cfg.codec == "full":
-        return SnapshotPublisher(cfg)
-    from heterorl.weights.publisher import PatchPublisher
-
-    return PatchPublisher(cfg)
+    def close(self) -> None:
+        self.result()
+        if self._pool is not None:
+            self._pool.shutdown()

@@ -1,0 +1,175 @@
+"""RolloutGroup on the wire: an explicit binary format (never pickle), validated before anything is trusted.
+
+Layout (little-endian):
+
+    magic b"HRG1" | u32 header length | JSON header (utf-8) | arrays, back to back, in header order
+    arrays: prompt_ids int32[P] | completion_ids int32[G, L] | lengths int32[G] | behavior_logp float32[G, L]
+            | version int32[G, L] | rewards float32[G]
+
+The completion mask is not sent: it is the prefix of `lengths[i]` tokens of each row (what a sampler produces).
+`decode_group` checks the framing (magic, lengths, JSON, declared shapes against the byte count), then the content
+with `validate_group`: token ids inside the vocabulary, lengths within limits, log-probs finite and <= 0 on
+sampled tokens, versions not from the future, group size, rewards finite. Anything wrong raises `RolloutError`
+with a message saying what; a receiver counts it and carries on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from heterorl.rollout import RolloutGroup
+
+MAGIC = b"HRG1"
+_PREFIX = struct.Struct("<4sI")
+MAX_HEADER_BYTES = 1 << 16
+
+
+class RolloutError(ValueError):
+    """A rollout group that cannot be decoded or fails validation."""
+
+
+@dataclass(frozen=True)
+class GroupLimits:
+    """What a learner accepts: its vocabulary, the newest version it has published, group and length bounds."""
+
+    vocab_size: int
+    current_version: int
+    group_size: int | None = None  # required G, None = any
+    max_prompt_tokens: int = 4096
+    max_completion_tokens: int = 4096
+
+
+def encode_group(group: RolloutGroup) -> bytes:
+    """Serialise a group (mask rows must be contiguous prefixes, as generation produces them)."""
+    lengths = group.completion_mask_GL.sum(1).to(torch.int32)
+    G, L = group.completion_ids_GL.shape
+    header = {
+        "group_id": group.group_id,
+        "sampler_id": group.sampler_id,
+        "prompt": group.prompt,
+        "answer": group.answer,
+        "P": int(group.prompt_ids_P.shape[0]),
+        "G": int(G),
+        "L": int(L),
+        "created_at": float(group.created_at),
+        "finished_at": float(group.finished_at),
+    }
+    head = json.dumps(header, separators=(",", ":")).encode()
+    values = {
+        "prompt_ids": group.prompt_ids_P,
+        "completion_ids": group.completion_ids_GL,
+        "lengths": lengths,
+        "behavior_logp": group.behavior_logp_GL,
+        "version": group.version_GL,
+        "rewards": group.rewards_G,
+    }
+    specs = _array_specs(header["P"], G, L)
+    body = b"".join(np.ascontiguousarray(values[name].numpy(), dtype=dtype).tobytes() for name, dtype, _ in specs)
+    return _PREFIX.pack(MAGIC, len(head)) + head + body
+
+
+def _array_specs(P: int, G: int, L: int) -> list[tuple[str, str, tuple[int, ...]]]:
+    return [
+        ("prompt_ids", "<i4", (P,)),
+        ("completion_ids", "<i4", (G, L)),
+        ("lengths", "<i4", (G,)),
+        ("behavior_logp", "<f4", (G, L)),
+        ("version", "<i4", (G, L)),
+        ("rewards", "<f4", (G,)),
+    ]
+
+
+def _parse_header(data: bytes) -> tuple[dict, int]:
+    if len(data) < _PREFIX.size:
+        raise RolloutError(f"message of {len(data)} bytes is shorter than the {_PREFIX.size}-byte prefix")
+    magic, head_len = _PREFIX.unpack_from(data)
+    if magic != MAGIC:
+        raise RolloutError(f"bad magic {magic!r}, expected {MAGIC!r}")
+    if head_len > MAX_HEADER_BYTES or _PREFIX.size + head_len > len(data):
+        raise RolloutError(f"header length {head_len} does not fit a message of {len(data)} bytes")
+    try:
+        header = json.loads(data[_PREFIX.size : _PREFIX.size + head_len].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RolloutError(f"header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise RolloutError("header must be a JSON object")
+    for key, kind in (("group_id", str), ("sampler_id", str), ("prompt", str), ("answer", str)):
+        if not isinstance(header.get(key), kind):
+            raise RolloutError(f"header field {key!r} missing or not a {kind.__name__}")
+    for key in ("P", "G", "L"):
+        value = header.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise RolloutError(f"header field {key!r} must be a non-negative integer, got {value!r}")
+    for key in ("created_at", "finished_at"):
+        value = header.get(key, 0.0)
+        if not isinstance(value, int | float) or not math.isfinite(value):
+            raise RolloutError(f"header field {key!r} must be a finite number")
+    return header, _PREFIX.size + head_len
+
+
+def decode_group(data: bytes, limits: GroupLimits) -> RolloutGroup:
+    """Parse and validate a group; raises RolloutError on anything malformed or out of bounds."""
+    header, offset = _parse_header(data)
+    P, G, L = header["P"], header["G"], header["L"]
+    if max(P - limits.max_prompt_tokens, L - limits.max_completion_tokens) > 0:
+        raise RolloutError(f"prompt {P} / completion {L} tokens exceed the limits")
+    specs = _array_specs(P, G, L)
+    expected = offset + sum(int(np.prod(shape)) * 4 for _, _, shape in specs)
+    if len(data) != expected:
+        raise RolloutError(f"message has {len(data)} bytes, its header declares {expected}")
+    arrays: dict[str, np.ndarray] = {}
+    for name, dtype, shape in specs:
+        count = int(np.prod(shape))
+        arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
+        offset += count * 4
+    lengths = torch.from_numpy(arrays["lengths"].astype(np.int64))
+    if ((lengths < 1) | (lengths > L)).any():
+        raise RolloutError(f"completion lengths must be in [1, {L}]")
+    mask = (torch.arange(L)[None, :] < lengths[:, None]).long()
+    group = RolloutGroup(
+        group_id=header["group_id"],
+        sampler_id=header["sampler_id"],
+        prompt=header["prompt"],
+        answer=header["answer"],
+        prompt_ids_P=torch.from_numpy(arrays["prompt_ids"].astype(np.int64)),
+        completion_ids_GL=torch.from_numpy(arrays["completion_ids"].astype(np.int64)),
+        completion_mask_GL=mask,
+        behavior_logp_GL=torch.from_numpy(arrays["behavior_logp"].astype(np.float32)),
+        version_GL=torch.from_numpy(arrays["version"].astype(np.int64)),
+        rewards_G=torch.from_numpy(arrays["rewards"].astype(np.float32)),
+        created_at=float(header.get("created_at", 0.0)),
+        finished_at=float(header.get("finished_at", 0.0)),
+    )
+    validate_group(group, limits)
+    return group
+
+
+def validate_group(group: RolloutGroup, limits: GroupLimits) -> None:
+    """Check a group's content against what the learner accepts; raises RolloutError naming the problem."""
+    G = group.completion_ids_GL.shape[0]
+    if G < 1 or group.rewards_G.shape != (G,):
+        raise RolloutError(f"group has {G} completions and {tuple(group.rewards_G.shape)} rewards")
+    if limits.group_size is not None and limits.group_size != G:
+        raise RolloutError(f"group size {G}, the learner expects {limits.group_size}")
+    if group.prompt_ids_P.numel() < 1:
+        raise RolloutError("empty prompt")
+    for name, ids in (("prompt", group.prompt_ids_P), ("completion", group.completion_ids_GL)):
+        if ids.numel() and (ids.min() < 0 or ids.max() >= limits.vocab_size):
+            raise RolloutError(f"{name} token id outside the vocabulary [0, {limits.vocab_size})")
+    mask = group.completion_mask_GL.bool()
+    logp = group.behavior_logp_GL[mask]
+    if not torch.isfinite(logp).all() or (logp > 0).any():
+        raise RolloutError("behaviour log-probs must be finite and <= 0 on sampled tokens")
+    versions = group.version_GL[mask]
+    if versions.numel() and (versions.min() < 0 or versions.max() > limits.current_version):
+        raise RolloutError(
+            f"token versions in [{int(versions.min())}, {int(versions.max())}] are not in [0, {limits.current_version}]"
+        )
+    if not torch.isfinite(group.rewards_G).all():
+        raise RolloutError("rewards must be finite")

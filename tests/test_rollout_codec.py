@@ -1,0 +1,111 @@
+"""The rollout wire format: bit-exact round trip, and every malformed or out-of-bounds message rejected."""
+
+import struct
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heterorl.rollout import RolloutGroup
+from heterorl.rollout_codec import GroupLimits, RolloutError, decode_group, encode_group
+
+LIMITS = GroupLimits(vocab_size=46, current_version=10)
+
+
+def make_group(G: int = 3, L: int = 4, P: int = 5, version: int = 7, seed: int = 0) -> RolloutGroup:
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, L + 1, (G,), generator=gen)
+    mask = (torch.arange(L)[None] < lengths[:, None]).long()
+    logp = -torch.rand(G, L, generator=gen) * 3
+    return RolloutGroup(
+        group_id="s0:17",
+        sampler_id="s0",
+        prompt="12+3=",
+        answer="15",
+        prompt_ids_P=torch.randint(3, 46, (P,), generator=gen),
+        completion_ids_GL=torch.randint(0, 46, (G, L), generator=gen) * mask,
+        completion_mask_GL=mask,
+        behavior_logp_GL=logp * mask,
+        version_GL=torch.full((G, L), version) - (torch.arange(L)[None] < 1).long(),
+        rewards_G=torch.rand(G, generator=gen),
+        created_at=12.5,
+        finished_at=30.25,
+    )
+
+
+def assert_same(a: RolloutGroup, b: RolloutGroup) -> None:
+    for name, value in vars(a).items():
+        other = getattr(b, name)
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(value, other), name
+        else:
+            assert value == other, name
+
+
+@settings(max_examples=60, deadline=None)
+@given(G=st.integers(1, 8), L=st.integers(1, 12), P=st.integers(1, 9), seed=st.integers(0, 10_000))
+def test_round_trip_is_exact(G: int, L: int, P: int, seed: int) -> None:
+    group = make_group(G, L, P, seed=seed)
+    assert_same(decode_group(encode_group(group), LIMITS), group)
+
+
+def test_every_truncation_is_rejected() -> None:
+    data = encode_group(make_group())
+    for n in range(len(data)):
+        with pytest.raises(RolloutError):
+            decode_group(data[:n], LIMITS)
+    with pytest.raises(RolloutError):
+        decode_group(data + b"\x00", LIMITS)
+
+
+def test_corruption_never_crashes_and_never_passes_invalid_content() -> None:
+    data = encode_group(make_group())
+    for i in range(0, len(data), 3):
+        corrupted = bytearray(data)
+        corrupted[i] ^= 0xFF
+        try:
+            group = decode_group(bytes(corrupted), LIMITS)
+        except RolloutError:
+            continue
+        # a flip that still decodes must still satisfy every content rule (e.g. a changed reward value)
+        assert group.completion_ids_GL.max() < LIMITS.vocab_size
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda g: g.completion_ids_GL.__setitem__((0, 0), 46), "vocabulary"),
+        (lambda g: g.prompt_ids_P.__setitem__(0, -1), "vocabulary"),
+        (lambda g: g.behavior_logp_GL.__setitem__((0, 0), float("nan")), "finite"),
+        (lambda g: g.behavior_logp_GL.__setitem__((0, 0), float("-inf")), "finite"),
+        (lambda g: g.behavior_logp_GL.__setitem__((0, 0), 0.5), "<= 0"),
+        (lambda g: g.version_GL.__setitem__((0, 0), 11), "not in"),
+        (lambda g: g.rewards_G.__setitem__(0, float("inf")), "rewards"),
+    ],
+    ids=["oov-completion", "oov-prompt", "nan-logp", "inf-logp", "positive-logp", "future-version", "inf-reward"],
+)
+def test_invalid_content_is_rejected(mutate, message: str) -> None:
+    group = make_group()
+    mutate(group)
+    with pytest.raises(RolloutError, match=message):
+        decode_group(encode_group(group), LIMITS)
+
+
+def test_group_size_and_length_limits() -> None:
+    data = encode_group(make_group(G=3))
+    with pytest.raises(RolloutError, match="group size 3"):
+        decode_group(data, GroupLimits(vocab_size=46, current_version=10, group_size=4))
+    with pytest.raises(RolloutError, match="exceed"):
+        decode_group(data, GroupLimits(vocab_size=46, current_version=10, max_completion_tokens=2))
+
+
+def test_framing_errors_are_named() -> None:
+    data = encode_group(make_group())
+    with pytest.raises(RolloutError, match="magic"):
+        decode_group(b"XXXX" + data[4:], LIMITS)
+    with pytest.raises(RolloutError, match="JSON"):
+        decode_group(struct.pack("<4sI", b"HRG1", 3) + b"{x}" + data[-8:], LIMITS)
+    head = b'{"group_id":"a","sampler_id":"s","prompt":"p","answer":"a","P":-1,"G":1,"L":1}'
+    with pytest.raises(RolloutError, match="'P'"):
+        decode_group(struct.pack("<4sI", b"HRG1", len(head)) + head, LIMITS)
