@@ -88,10 +88,15 @@ def _group(version: int, gid: int) -> RolloutGroup:
 def test_window_drops_exactly_the_groups_older_than_max_staleness(tiny_model_dir: Path) -> None:
     cluster, _ = build(tiny_model_dir, "cluster.mode=async", "cluster.max_staleness=3")
     cluster.learner.version = 10
-    cluster.buffer.extend(_group(v, i) for i, v in enumerate([5, 6, 7, 8, 9, 10, 6, 7]))
-    assert cluster._drop_stale() == 3  # versions 5, 6, 6 (staleness 4+) dropped; 7 (staleness 3) kept
-    assert [g.min_version for g in cluster.buffer] == [7, 8, 9, 10, 7]
-    assert cluster.dropped_groups == 3
+    for i, v in enumerate([5, 6, 7, 8, 9, 10, 6, 7]):
+        cluster.buffer.add(_group(v, i))
+    assert cluster.buffer.drop_stale(cluster.learner.version) == 3  # 5, 6, 6 (staleness 4+) go; 7 (3) stays
+    assert [g.min_version for g in cluster.buffer.groups] == [7, 8, 9, 10, 7]
+    assert cluster.buffer.dropped == 3
+    batch, stats = cluster.buffer.take(4, cluster.learner.version)
+    assert [g.min_version for g in batch] == [7, 8, 9, 10]  # oldest first
+    assert stats == {"stale/mean": 1.5, "stale/max": 3.0, "stale/dropped_step": 0.0, "stale/dropped_total": 3.0}
+    assert cluster.buffer.take(2, cluster.learner.version) is None
 
 
 def test_staleness_counts_the_oldest_token_of_a_group() -> None:

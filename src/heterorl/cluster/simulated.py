@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
+from heterorl.cluster.buffer import RolloutBuffer
 from heterorl.cluster.events import EventLoop
 from heterorl.cluster.transport import BackgroundPublisher
 from heterorl.config import RunConfig
@@ -123,13 +124,11 @@ class SimulatedCluster:
         n = len(self.nodes)
         self.sync_shares = [self.B // n + (1 if i < self.B % n else 0) for i in range(n)]
         self.chunk = math.ceil(self.B / n)
-        self.buffer: deque[RolloutGroup] = deque()
+        self.buffer = RolloutBuffer(cc.max_staleness)
         self.learner_busy = False
         self.learner_busy_seconds = 0.0
         self.steps_done = 0
         self.started_groups = 0
-        self.dropped_groups = 0
-        self.staleness_hist: Counter[int] = Counter()
         self.admissions: list[tuple[int, int]] = []  # (groups in the admission budget, learner version) per start
         self.sync_bytes = 0
         self.sync_full_bytes = 0
@@ -203,7 +202,7 @@ class SimulatedCluster:
         """AReaL's admission rule (async mode with eta set)."""
         if self.cc.eta is None:
             return True
-        in_budget = self.started_groups - self.dropped_groups
+        in_budget = self.started_groups - self.buffer.dropped
         return in_budget + n <= (self.cc.eta + self.learner.version + 1) * self.B
 
     def _maybe_generate(self, node: SamplerNode) -> None:
@@ -219,7 +218,7 @@ class SimulatedCluster:
             if not self._admitted(n):
                 return
         self.started_groups += n
-        self.admissions.append((self.started_groups - self.dropped_groups, self.learner.version))
+        self.admissions.append((self.started_groups - self.buffer.dropped, self.learner.version))
         node.generating, node.started_at = True, self.loop.now
         process = node.sampler.iter_groups(n)
         if self.cfg.sampler.interruptible:
@@ -256,39 +255,22 @@ class SimulatedCluster:
 
     # ------------------------------------------------------------------ learner
     def _group_arrives(self, group: RolloutGroup) -> None:
-        self.buffer.append(group)
+        self.buffer.add(group)
         self._maybe_train()
-
-    def _drop_stale(self) -> int:
-        if self.cc.max_staleness is None:
-            return 0
-        kept = deque(g for g in self.buffer if g.staleness(self.learner.version) <= self.cc.max_staleness)
-        dropped = len(self.buffer) - len(kept)
-        self.buffer = kept
-        self.dropped_groups += dropped
-        return dropped
 
     def _maybe_train(self) -> None:
         if self.learner_busy or self.done:
             return
-        dropped = self._drop_stale()
-        if dropped:
+        dropped_before = self.buffer.dropped
+        taken = self.buffer.take(self.B, self.learner.version)
+        if self.buffer.dropped != dropped_before:
             self._wake_samplers()  # dropped groups free admission budget
-        if len(self.buffer) < self.B:
+        if taken is None:
             return
-        batch = [self.buffer.popleft() for _ in range(self.B)]
-        staleness = [g.staleness(self.learner.version) for g in batch]
-        self.staleness_hist.update(staleness)
-        stats = self.learner.train_step(batch)
+        batch, stale_stats = taken
+        stats = {**self.learner.train_step(batch), **stale_stats}
         tokens = sum(g.num_tokens for g in batch)
         cost = self.cc.learner_step_seconds + self.cc.learner_seconds_per_token * tokens
-        stats.update(
-            {
-                "stale/mean": sum(staleness) / len(staleness),
-                "stale/max": float(max(staleness)),
-                "stale/dropped_step": float(dropped),
-            }
-        )
         self.learner_busy = True
         self.loop.schedule_in(cost, self._train_done, stats, cost, label=f"learner step {self.steps_done + 1}")
 
@@ -314,7 +296,6 @@ class SimulatedCluster:
             "version": self.learner.version,
             "time/virtual": self.loop.now,
             "time/wall": time.monotonic() - self.wall_start,
-            "stale/dropped_total": float(self.dropped_groups),
             "perf/learner_idle": 1.0 - self.learner_busy_seconds / now,
             "perf/tokens_per_vsec": sum(n.tokens for n in self.nodes) / now,
             **self._version_sync,
@@ -327,14 +308,9 @@ class SimulatedCluster:
 
     def summary(self) -> dict:
         now = max(self.loop.now, 1e-12)
-        total = sum(self.staleness_hist.values())
-        mean = sum(k * v for k, v in self.staleness_hist.items()) / max(total, 1)
         return {
             "virtual_seconds": self.loop.now,
-            "staleness_mean": mean,
-            "staleness_max": max(self.staleness_hist, default=0),
-            "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_hist.items())},
-            "groups_dropped": self.dropped_groups,
+            **self.buffer.summary(),
             "learner_idle": 1.0 - self.learner_busy_seconds / now,
             "sampler_idle": {n.name: 1.0 - n.busy_seconds / now for n in self.nodes},
             "tokens_per_virtual_second": sum(n.tokens for n in self.nodes) / now,

@@ -1,0 +1,315 @@
+"""Versioned weight store on the learner side and the receiver on the sampler side.
+
+Publishing version v (versions strictly increase; they need not be consecutive) builds, outside any lock:
+a patch from the previous version (pulse codec), plus a snapshot on the first publish, every `snapshot_every`
+publishes, whenever the chain since the last snapshot would exceed `max_chain`, and on every publish of the
+full codec. Only then is everything swapped in under the lock, so a reader never sees a version without all its
+parts (atomic publication; a failed encode leaves the store as it was).
+
+Kept: the last `retain` versions' hashes and patches, every version since the newest snapshot (so a fresh
+receiver can always be served), the newest snapshot only (an older snapshot plus a longer chain never beats
+it), and the store's own copy of the latest weights (the base of the next patch) plus a spare copy reused for
+the next publish (two model copies in the wire dtype).
+
+`update_for(held_version, held_hash)` serves the smallest correct update: nothing if current; else the
+candidates are (a) the merged patch held -> latest, if the held version is retained, its hash matches and the
+chain is at most `max_chain` patches, and (b) the newest snapshot plus the merged patch snapshot -> latest; the
+fewer bytes wins. An unknown/too old version or a hash mismatch leaves only (b). Merged patches are cached per
+latest version, since many samplers ask for the same one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from heterorl.weights.codecs import SyncCodec, make_codec
+from heterorl.weights.format import PatchError, StateDict
+from heterorl.weights.hashing import state_hash
+from heterorl.weights.patch import PatchInfo, apply_patch, patch_info
+from heterorl.weights.snapshot import apply_snapshot, load_snapshot
+
+if TYPE_CHECKING:
+    from heterorl.config import WeightsConfig
+
+
+@dataclass(frozen=True)
+class Update:
+    """What a receiver downloads: a snapshot and/or a patch, applied in that order, or nothing."""
+
+    version: int  # version held after applying
+    state_hash: str  # its state hash
+    base_version: int | None  # version `patch` applies to (the snapshot's when there is one)
+    snapshot: bytes | None = None
+    patch: bytes | None = None
+
+    @property
+    def kind(self) -> Literal["noop", "patch", "snapshot"]:
+        if self.snapshot is not None:
+            return "snapshot"
+        return "noop" if self.patch is None else "patch"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on the wire (charge these to the link)."""
+        return len(self.snapshot or b"") + len(self.patch or b"")
+
+
+@dataclass(frozen=True)
+class Published:
+    """What one publish produced (sizes for metrics and link accounting)."""
+
+    version: int
+    state_hash: str
+    patch_nbytes: int | None  # None: no patch (first version, or the full codec)
+    snapshot_nbytes: int | None  # None: no snapshot this version
+    changed: int | None  # elements the patch overwrites
+    numel: int
+    seconds: float  # encode wall time
+
+
+class WeightStore:
+    """Keeps published versions as patches and snapshots; serves receivers the smallest correct update."""
+
+    def __init__(
+        self,
+        codec: SyncCodec,
+        *,
+        snapshot_every: int = 10,
+        max_chain: int = 16,
+        retain: int = 64,
+        wire_dtype: torch.dtype | None = None,
+    ) -> None:
+        assert snapshot_every >= 1, f"snapshot_every must be >= 1, got {snapshot_every}"
+        assert max_chain >= 1, f"max_chain must be >= 1, got {max_chain}"
+        assert retain >= 1, f"retain must be >= 1, got {retain}"
+        self.codec = codec
+        self.snapshot_every = snapshot_every
+        self.max_chain = max_chain
+        self.retain = retain
+        self.wire_dtype = wire_dtype
+        self._lock = threading.Lock()  # guards everything below
+        self._publish_lock = threading.Lock()  # one publish at a time
+        self._order: list[int] = []  # retained versions, oldest first
+        self._hashes: dict[int, str] = {}
+        self._patches: dict[int, bytes] = {}  # version -> patch from its predecessor
+        self._snapshot: tuple[int, bytes] | None = None  # newest snapshot
+        self._since_snapshot = 0  # publishes since the newest snapshot
+        self._last: dict[str, torch.Tensor] | None = None  # store-owned copy of the latest weights
+        self._spare: dict[str, torch.Tensor] | None = None  # the previous copy, reused as the next one
+        self._merged: dict[tuple[int, int], bytes] = {}  # (from, to) -> merged patch, for the latest `to` only
+
+    @classmethod
+    def from_config(cls, cfg: WeightsConfig, *, workers: int = 1) -> WeightStore:
+        """Store for `cfg` (codec, wire dtype, snapshot cadence, chain limit, retention, zstd level)."""
+        return cls(
+            make_codec(cfg.codec, level=cfg.zstd_level, workers=workers),
+            snapshot_every=cfg.snapshot_every,
+            max_chain=cfg.max_chain,
+            retain=cfg.retain,
+            wire_dtype=getattr(torch, cfg.wire_dtype),
+        )
+
+    # --- learner side
+    def publish(self, version: int, weights: StateDict) -> Published:
+        """Make `version` available; returns its sizes. The store copies (and casts) `weights`."""
+        with self._publish_lock:
+            start = time.perf_counter()
+            latest = self.latest_version
+            if latest is not None and version <= latest:
+                raise ValueError(f"version {version} is not newer than the latest published version {latest}")
+            new = self._wire_copy(weights)
+            patch = None
+            if self._last is not None and latest is not None:
+                base_hash = self._hashes[latest]
+                patch = self.codec.encode_patch(self._last, new, base_hash=base_hash, versions=(latest, version))
+            info = patch_info(patch) if patch is not None else None
+            new_hash = info.result_hash if info is not None else state_hash(new)
+            chain = self._since_snapshot + 1  # patches since the newest snapshot if this one is not one
+            snapshot = None
+            if patch is None or chain >= self.snapshot_every or chain > self.max_chain:
+                snapshot = self.codec.encode_snapshot(new, state_hash=new_hash, version=version)
+            with self._lock:
+                self._commit(version, new_hash, patch, snapshot)
+                self._spare, self._last = self._last, new
+            return Published(
+                version=version,
+                state_hash=new_hash,
+                patch_nbytes=None if patch is None else len(patch),
+                snapshot_nbytes=None if snapshot is None else len(snapshot),
+                changed=None if info is None else info.changed,
+                numel=sum(t.numel() for t in new.values()),
+                seconds=time.perf_counter() - start,
+            )
+
+    def _wire_copy(self, weights: StateDict) -> dict[str, torch.Tensor]:
+        """The store's copy of `weights` in the wire dtype, written into the spare buffers when they fit.
+
+        Double buffering keeps a second model copy at rest (the peak during a publish is the same as with a
+        fresh copy: old and new both exist while the patch is encoded) but avoids allocating a model copy per
+        publish, which costs seconds per GB where page faults are slow (this sandbox VM).
+        """
+        spare, self._spare = self._spare, None
+        out = {}
+        for name in sorted(weights):
+            t = weights[name].detach()
+            dtype = self.wire_dtype if self.wire_dtype is not None and t.is_floating_point() else t.dtype
+            buf = None if spare is None else spare.get(name)
+            if buf is not None and buf.dtype == dtype and buf.shape == t.shape:
+                out[name] = buf.copy_(t)
+            else:
+                out[name] = t.to(device="cpu", dtype=dtype, copy=True).contiguous()
+        return out
+
+    def _commit(self, version: int, new_hash: str, patch: bytes | None, snapshot: bytes | None) -> None:
+        self._order.append(version)
+        self._hashes[version] = new_hash
+        if patch is not None:
+            self._patches[version] = patch
+        if snapshot is not None:
+            self._snapshot = (version, snapshot)
+            self._since_snapshot = 0
+        else:
+            self._since_snapshot += 1
+        self._merged.clear()
+        assert self._snapshot is not None, "the first publish always has a snapshot"
+        snapshot_version = self._snapshot[0]
+        while len(self._order) > self.retain and self._order[0] < snapshot_version:
+            old = self._order.pop(0)
+            del self._hashes[old]
+            self._patches.pop(old, None)
+        self._patches.pop(self._order[0], None)  # its predecessor is gone, so is any use for it
+
+    # --- sampler side
+    def update_for(self, held_version: int | None, held_hash: str | None) -> Update:
+        """The smallest correct update from what the receiver holds (None, None: nothing usable)."""
+        with self._lock:
+            if not self._order:
+                raise LookupError("nothing has been published yet")
+            order = list(self._order)
+            latest = order[-1]
+            latest_hash = self._hashes[latest]
+            known = held_version in self._hashes and held_hash is not None and self._hashes[held_version] == held_hash
+            if known and held_version == latest:
+                return Update(version=latest, state_hash=latest_hash, base_version=latest)
+            assert self._snapshot is not None
+            snap_version, snapshot = self._snapshot
+            patches = dict(self._patches)
+        chain = order[order.index(held_version) :] if known else []
+        patch_update = None
+        if chain and len(chain) - 1 <= self.max_chain and all(v in patches for v in chain[1:]):
+            patch = self._merged_patch(chain, patches)
+            patch_update = Update(version=latest, state_hash=latest_hash, base_version=held_version, patch=patch)
+            if len(snapshot) >= patch_update.nbytes:
+                return patch_update
+        tail = None if snap_version == latest else self._merged_patch(order[order.index(snap_version) :], patches)
+        snap_update = Update(latest, latest_hash, base_version=snap_version, snapshot=snapshot, patch=tail)
+        if patch_update is not None and patch_update.nbytes <= snap_update.nbytes:
+            return patch_update
+        return snap_update
+
+    def _merged_patch(self, versions: list[int], patches: Mapping[int, bytes]) -> bytes:
+        """Merged patch versions[0] -> versions[-1] (a single patch as is), cached while it stays latest."""
+        if len(versions) == 2:
+            return patches[versions[1]]
+        key = (versions[0], versions[-1])
+        with self._lock:
+            cached = self._merged.get(key)
+        if cached is not None:
+            return cached
+        merged = self.codec.merge([patches[v] for v in versions[1:]])
+        with self._lock:
+            if self._order and self._order[-1] == versions[-1]:
+                self._merged[key] = merged
+        return merged
+
+    # --- introspection (sizes for link accounting and metrics)
+    @property
+    def latest_version(self) -> int | None:
+        with self._lock:
+            return self._order[-1] if self._order else None
+
+    @property
+    def latest_hash(self) -> str | None:
+        with self._lock:
+            return self._hashes[self._order[-1]] if self._order else None
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        """Retained versions, oldest first."""
+        with self._lock:
+            return tuple(self._order)
+
+    @property
+    def snapshot_version(self) -> int | None:
+        with self._lock:
+            return None if self._snapshot is None else self._snapshot[0]
+
+    def patch_nbytes(self, version: int) -> int | None:
+        """Size of the patch that produced `version`, None if there is none retained."""
+        with self._lock:
+            patch = self._patches.get(version)
+            return None if patch is None else len(patch)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in patches, the snapshot and cached merges (not counting the latest-weights copy)."""
+        with self._lock:
+            held = sum(len(p) for p in self._patches.values()) + sum(len(p) for p in self._merged.values())
+            return held + (len(self._snapshot[1]) if self._snapshot else 0)
+
+
+class WeightReceiver:
+    """Sampler side: holds weights, their version and hash; applies updates; asks for a snapshot on failure.
+
+    Usage: `update = store.update_for(*receiver.held()); ok = receiver.apply(update)`. When `apply` returns
+    False the weights are still a valid, hash-checked version (or None), and `held()` returns (None, None) so
+    the next update is a snapshot.
+    """
+
+    def __init__(self, weights: dict[str, torch.Tensor] | None = None, *, version: int | None = None) -> None:
+        self.weights = weights
+        self.version = version if weights is not None else None
+        self.state_hash = state_hash(weights) if weights is not None and version is not None else None
+        self.needs_snapshot = self.version is None
+        self.last_error: str | None = None
+        self.bytes_received = 0
+
+    def held(self) -> tuple[int | None, str | None]:
+        """(version, hash) to send to the store; (None, None) when only a snapshot will do."""
+        return (None, None) if self.needs_snapshot else (self.version, self.state_hash)
+
+    def apply(self, update: Update) -> bool:
+        """Apply a store update in place; True if the receiver now holds update.version with a verified hash."""
+        self.bytes_received += update.nbytes
+        try:
+            if update.snapshot is not None:
+                if self.weights is None:
+                    self.weights = load_snapshot(update.snapshot)
+                else:
+                    apply_snapshot(self.weights, update.snapshot)
+                self._now_at(patch_info(update.snapshot))
+            if update.patch is not None:
+                if self.weights is None:
+                    raise PatchError("received a patch but holds no weights")
+                apply_patch(self.weights, update.patch)
+                self._now_at(patch_info(update.patch))
+        except PatchError as err:
+            self.needs_snapshot = True
+            self.last_error = str(err)
+            return False
+        if (self.version, self.state_hash) != (update.version, update.state_hash):
+            self.needs_snapshot = True
+            self.last_error = f"holds {self.version}/{self.state_hash}, update promised {update.version}"
+            return False
+        self.needs_snapshot = False
+        self.last_error = None
+        return True
+
+    def _now_at(self, info: PatchInfo) -> None:
+        self.version, self.state_hash = info.result_version, info.result_hash

@@ -1,0 +1,47 @@
+"""The sync benchmark runs end to end at a small size and reports consistent figures."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from heterorl.weights.bench import compare_checkpoints, main, reference_layout_nbytes, synthetic_shapes, synthetic_step
+
+
+def test_synthetic_shapes_hit_the_requested_size():
+    for n in (10**6, 10**8, 10**9):
+        total = sum(math.prod(shape) for shape in synthetic_shapes(n).values())
+        assert 0.8 * n < total < 1.25 * n
+
+
+def test_change_rate_mode_moves_one_ulp():
+    base, new = synthetic_step(200_000, 0.02, 1e-6, seed=1)
+    for name in base:
+        delta = new[name].view(torch.int16).int() - base[name].view(torch.int16).int()
+        assert set(delta.unique().tolist()) <= {-1, 0, 1}
+    result = main(["--params", "200000", "--change-rate", "0.02"])
+    assert result["change_rate"] == pytest.approx(0.02, rel=0.1)
+
+
+def test_sync_bench_small(capsys, tmp_path):
+    result = main(["--params", "300000", "--lr", "1e-6", "--seed", "3", "--json", str(tmp_path / "r.json")])
+    assert "B/changed element" in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text()) == result
+    assert 0.005 < result["change_rate"] < 0.2
+    assert result["patch_bytes"] < result["reference_bytes"] < result["zstd_full_bytes"] < result["full_bytes"]
+    assert result["bytes_per_changed"] == pytest.approx(result["patch_bytes"] / result["changed"])
+    assert result["encode_GBps"] > 0
+    assert result["decode_GBps"] > 0
+
+
+def test_compare_checkpoints_from_files(tmp_path):
+    base, new = synthetic_step(100_000, None, 1e-6, seed=4)
+    save_file({k: v.float() for k, v in base.items()}, tmp_path / "a.safetensors")
+    save_file({k: v.float() for k, v in new.items()}, tmp_path / "b.safetensors")
+    result = compare_checkpoints(tmp_path / "a.safetensors", tmp_path / "b.safetensors", verbose=False)
+    assert result["reference_bytes"] == reference_layout_nbytes(base, new)
+    assert result["changed"] == sum(int((base[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in base)
