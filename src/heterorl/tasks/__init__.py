@@ -1,19 +1,37 @@
-"""Task registry: config `name` -> task class."""
+"""Task registry: config `name` -> task class, and the custom-reward hook every task shares.
+
+The math and gym tasks import their optional dependencies (math-verify, reasoning-gym, pyarrow) only when built.
+"""
 
 from __future__ import annotations
 
 from heterorl.tasks.addition import AdditionTask
 from heterorl.tasks.base import Problem, Task
+from heterorl.tasks.gym import GymTask
+from heterorl.tasks.math import MathTask
 from heterorl.tasks.reversal import ReversalTask
+from heterorl.tasks.reward import CustomReward, RewardError
 
-TASKS: dict[str, type[Task]] = {"addition": AdditionTask, "reversal": ReversalTask}
+TASKS: dict[str, type[Task]] = {
+    "addition": AdditionTask,
+    "reversal": ReversalTask,
+    "math": MathTask,
+    "gym": GymTask,
+}
 
 
 def make_task(cfg) -> Task:  # cfg: heterorl.config.TaskConfig
-    """Build the task named by `cfg.name` (validated by the config's discriminated union)."""
+    """Build the task named by `cfg.name` (validated by the config's discriminated union).
+
+    With `cfg.reward` set, that function replaces the task's verifier as its training reward (`Task.score`).
+    """
     if cfg.name not in TASKS:
         raise ValueError(f"unknown task {cfg.name!r}; valid: {sorted(TASKS)}")
-    return TASKS[cfg.name](cfg)
+    spec = cfg.reward
+    custom = CustomReward(spec) if spec is not None else None  # a bad path fails before any data is read
+    task = TASKS[cfg.name](cfg)
+    task.custom_reward = custom
+    return task
 
 
-__all__ = ["TASKS", "Problem", "Task", "make_task"]
+__all__ = ["TASKS", "CustomReward", "Problem", "RewardError", "Task", "make_task"]

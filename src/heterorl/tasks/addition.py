@@ -25,5 +25,5 @@ class AdditionTask(Task):
         a, b = rng.randrange(10**self.digits), rng.randrange(10**self.digits)
         return Problem(prompt=f"{a}+{b}=", answer=str(a + b))
 
-    def score(self, problem: Problem, completion: str) -> float:
+    def verify(self, problem: Problem, completion: str) -> float:
         return exact_match(problem, completion)

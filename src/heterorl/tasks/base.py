@@ -1,23 +1,37 @@
-"""What a task is: a seeded stream of training problems, a disjoint held-out set, and an exact verifier."""
+"""What a task is: a seeded stream of training problems, a disjoint held-out set, and a verifier.
+
+`verify` is the task's own exact check (what held-out accuracy measures). `score` is the training reward: the
+verifier, unless a custom reward function was configured (`task.reward`, see `heterorl.tasks.reward`), in which
+case that function replaces it for every task alike.
+"""
 
 from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from heterorl.tasks.reward import CustomReward
 
 
 @dataclass(frozen=True)
 class Problem:
-    """One prompt and the reference answer its verifier compares against."""
+    """One prompt, the reference answer its verifier compares against, and task-specific extras.
+
+    `info` travels to custom reward functions as keyword arguments (e.g. the reasoning-gym entry, or the source
+    record of a data file); it takes no part in equality, so two problems with the same prompt and answer are equal.
+    """
 
     prompt: str
     answer: str
+    info: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class Task(ABC):
-    """A verifiable task. Subclasses implement `_draw` (one random problem) and `score`.
+    """A verifiable task. Subclasses implement `_draw` (one random problem) and `verify`.
 
     The held-out evaluation set is drawn from its own fixed stream and removed from every training stream, so
     evaluation measures generalisation to unseen prompts.
@@ -29,14 +43,28 @@ class Task(ABC):
     def __init__(self, eval_size: int) -> None:
         self.eval_size = eval_size
         self._eval: list[Problem] | None = None
+        # Set by `make_task` from `task.reward`; None keeps the verifier as the reward.
+        self.custom_reward: CustomReward | None = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # Overriding `score` would silently bypass a configured custom reward.
+        if "score" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: implement `verify`, not `score` (score dispatches to task.reward)")
 
     @abstractmethod
     def _draw(self, rng: random.Random) -> Problem:
         """One problem drawn uniformly from the task's distribution."""
 
     @abstractmethod
+    def verify(self, problem: Problem, completion: str) -> float:
+        """The task's own check of a completion (text before end-of-sequence) for `problem`, in [0, 1]."""
+
     def score(self, problem: Problem, completion: str) -> float:
-        """Reward of a completion (text before end-of-sequence) for `problem`."""
+        """Training reward: the custom reward function when configured, else `verify`."""
+        if self.custom_reward is not None:
+            return self.custom_reward(problem, completion)
+        return self.verify(problem, completion)
 
     @property
     def max_problems(self) -> int | None:

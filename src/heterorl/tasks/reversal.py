@@ -28,5 +28,5 @@ class ReversalTask(Task):
         s = "".join(rng.choice(self.alphabet) for _ in range(n))
         return Problem(prompt=f"{s}=", answer=s[::-1])
 
-    def score(self, problem: Problem, completion: str) -> float:
+    def verify(self, problem: Problem, completion: str) -> float:
         return exact_match(problem, completion)
