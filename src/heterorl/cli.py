@@ -99,6 +99,76 @@ def evaluate(
     typer.echo(f"{checkpoint}: held-out greedy accuracy {acc:.1%} on {len(task.eval_set())} {cfg.task.name} prompts")
 
 
+sync_app = typer.Typer(no_args_is_help=True, help="PULSE weight sync: benchmark the codec, inspect a run's traffic.")
+app.add_typer(sync_app, name="sync")
+
+
+@sync_app.command("bench")
+def sync_bench(
+    params: Annotated[float, typer.Option(help="Synthetic model size in parameters (e.g. 1e9).")] = 1e8,
+    lr: Annotated[float, typer.Option(help="Step size of the synthetic lr * sign(g) update.")] = 1e-6,
+    change_rate: Annotated[float | None, typer.Option(help="Instead: share of bf16 elements moved by 1 ULP.")] = None,
+    run: Annotated[Path | None, typer.Option(help="Also compare a run's base model with its final checkpoint.")] = None,
+    base: Annotated[Path | None, typer.Option(help="Compare two checkpoints: the base ...")] = None,
+    new: Annotated[Path | None, typer.Option(help="... and the new one (files or directories).")] = None,
+    level: Annotated[int, typer.Option(help="zstd level.")] = 1,
+    seed: int = 0,
+) -> None:
+    """Patch size (bytes per changed element; ratios vs full bf16, zstd-1 of full bf16 and the reference
+    layout) and encode / decode GB/s, all measured in this invocation."""
+    import json
+
+    from heterorl.weights.bench import compare_checkpoints, run_sync_bench
+
+    if (base is None) != (new is None):
+        raise typer.BadParameter("--base and --new go together")
+    typer.echo(
+        f"synthetic step: {params:.3g} parameters, " + (f"change rate {change_rate}" if change_rate else f"lr {lr}")
+    )
+    run_sync_bench(int(params), change_rate, lr, seed, level=level)
+    pairs = []
+    if run is not None:
+        summary = json.loads((run / "summary.json").read_text())
+        pairs.append((Path(summary["base_model"]), run / "checkpoint"))
+    if base is not None and new is not None:
+        pairs.append((base, new))
+    for a, b in pairs:
+        typer.echo(f"\ncheckpoints: {a} -> {b}")
+        compare_checkpoints(a, b, level=level)
+
+
+@sync_app.command("inspect")
+def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
+    """Per-step sparsity and weight traffic of a run (from its metrics.jsonl)."""
+    from rich.table import Table
+
+    from heterorl.console import console
+    from heterorl.metrics import read_metrics
+
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "train" and "sync/bytes" in r]
+    if not steps:
+        raise typer.BadParameter(f"{run_dir} has no weight-sync records")
+    table = Table(title=f"weight sync of {run_dir}")
+    for col in ("version", "changed share", "bytes sent", "full bytes", "ratio"):
+        table.add_column(col, justify="right")
+    for r in steps:
+        ratio = r["sync/full_bytes"] / max(r["sync/bytes"], 1)
+        table.add_row(
+            str(r["version"]),
+            f"{r['sync/changed_share']:.4%}",
+            f"{r['sync/bytes']:,.0f}",
+            f"{r['sync/full_bytes']:,.0f}",
+            f"{ratio:.1f}x",
+        )
+    sent, full = sum(r["sync/bytes"] for r in steps), sum(r["sync/full_bytes"] for r in steps)
+    shares = [r["sync/changed_share"] for r in steps]
+    console.print(table)
+    console.print(
+        f"total {sent / 1e6:.3f} MB sent vs {full / 1e6:.3f} MB of full weights ({full / max(sent, 1):.1f}x less); "
+        f"changed share per version: mean {sum(shares) / len(shares):.4%}, max {max(shares):.4%}"
+    )
+
+
 def main() -> None:  # pragma: no cover
     app()
 
