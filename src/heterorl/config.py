@@ -243,6 +243,18 @@ OBJECTIVE_CONFIGS: dict[str, type[Strict]] = {
 
 
 # --- sampler / learner
+class FrictionConfig(Strict):
+    """Delightful Distributed PG's frictions, injected by samplers for experiments (all off by default)."""
+
+    actor_bug: float = Field(0.0, ge=0.0, le=1.0, description="Probability a completion becomes the landmine.")
+    landmine: str = Field("zzzz", min_length=1, description="The fixed wrong completion an actor bug emits.")
+    rare_discovery: float = Field(0.0, ge=0.0, le=1.0, description="Probability a completion becomes the answer.")
+    reward_corruption: float = Field(
+        0.0, ge=0.0, le=1.0, description="Probability a reward is replaced by a uniform draw from {0, 1}."
+    )
+    logit_noise: float = Field(0.0, ge=0.0, description="Std of Gaussian noise on the sampler's logits.")
+
+
 class SamplerConfig(Strict):
     """How completions are drawn. Log-probs are always those of the distribution actually sampled from."""
 
@@ -252,6 +264,7 @@ class SamplerConfig(Strict):
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 disables.")
     max_new_tokens: int = Field(16, ge=1, le=4096, description="Completion length limit.")
     interruptible: bool = Field(False, description="AReaL: weights arriving mid-generation apply to later tokens.")
+    frictions: FrictionConfig = Field(default_factory=FrictionConfig, description="Injected actor faults.")
 
 
 class LearnerConfig(Strict):

@@ -35,10 +35,11 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 16
     greedy: bool = False
+    logit_noise: float = 0.0  # std of Gaussian noise added to the sampler's logits (actor/learner mismatch)
 
     @classmethod
     def from_config(cls, cfg: SamplerConfig) -> SamplingParams:
-        return cls(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens)
+        return cls(cfg.temperature, cfg.top_k, cfg.top_p, cfg.max_new_tokens, logit_noise=cfg.frictions.logit_noise)
 
 
 @dataclass
@@ -258,6 +259,9 @@ class Policy:
                         positions = attention.long().sum(-1, keepdim=True) - 1
                         logits, cache = self._logits(seq[:, -1:], attention, cache=cache, positions=positions)
             step_logits = logits[:, -1]
+            if params.logit_noise > 0:  # the noisy distribution is the one sampled from, and whose log-probs count
+                noise = torch.randn(step_logits.shape, generator=generator, device=device)
+                step_logits = step_logits.float() + params.logit_noise * noise
             if params.greedy:
                 token = step_logits.argmax(-1)
                 token_logp = torch.log_softmax(step_logits.float(), -1).gather(-1, token[:, None]).squeeze(-1)

@@ -58,6 +58,7 @@ def make_sampler(cfg: RunConfig, base: str, index: int, task: Task | None = None
         SamplingParams.from_config(cfg.sampler),
         cfg.sampler.group_size,
         seed=sampler_seed(cfg.seed, index),
+        frictions=cfg.sampler.frictions,
     )
 
 

@@ -11,6 +11,8 @@ from collections.abc import Generator, Iterator, Mapping
 
 import torch
 
+from heterorl.config import FrictionConfig
+from heterorl.frictions import FrictionInjector
 from heterorl.policy import Policy, SamplingParams, run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.tasks import Problem, Task
@@ -27,6 +29,7 @@ class Sampler:
         params: SamplingParams,
         group_size: int,
         seed: int,
+        frictions: FrictionConfig | None = None,
     ) -> None:
         self.sampler_id = sampler_id
         self.policy = policy
@@ -38,6 +41,10 @@ class Sampler:
         self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self._problems: Iterator[Problem] = task.train_stream(seed)
         self._groups_made = 0
+        active = frictions is not None and (
+            frictions.actor_bug or frictions.rare_discovery or frictions.reward_corruption
+        )
+        self.frictions = FrictionInjector(frictions, seed + 1) if active else None
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
@@ -79,8 +86,14 @@ class Sampler:
             self.generator,
             lambda: self.version,
         )
+        if self.frictions is not None:
+            gen = self.frictions.replace_completions(
+                self.policy, gen, [p for p in problems for _ in range(G)], self.params
+            )
         texts = self.policy.decode_completions(gen.completion_ids_NL, gen.completion_mask_NL)
         rewards = torch.tensor([self.task.score(problems[i // G], t) for i, t in enumerate(texts)])
+        if self.frictions is not None:
+            rewards = self.frictions.corrupt_rewards(rewards)
         groups = []
         for k, problem in enumerate(problems):
             rows = slice(k * G, (k + 1) * G)

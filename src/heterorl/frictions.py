@@ -1,0 +1,70 @@
+"""Delightful Distributed PG's frictions, injected where they happen in a real system: the sampler.
+
+- actor bug: with probability p a completion is replaced by a fixed wrong "landmine" sequence;
+- rare discovery: with probability p a completion is replaced by the correct answer;
+- reward corruption: with probability p the reward is replaced by a uniform draw from {0, 1};
+- actor/learner mismatch: Gaussian noise on the sampler's logits (`SamplingParams.logit_noise`, in the policy);
+- staleness comes from the network (link delays), as everywhere else in heterorl.
+
+A replaced completion is reported with the sampler policy's own log-probs of its tokens, as an inference engine
+whose output was corrupted after sampling would report them; the learner cannot tell it apart.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from heterorl.config import FrictionConfig
+from heterorl.policy import Generation, Policy, SamplingParams
+from heterorl.tasks import Problem
+
+
+class FrictionInjector:
+    """Applies the configured frictions to a generation and its rewards, from its own seeded stream."""
+
+    def __init__(self, cfg: FrictionConfig, seed: int) -> None:
+        self.cfg = cfg
+        self.generator = torch.Generator().manual_seed(seed)
+        self.counts = {"actor_bug": 0, "rare_discovery": 0, "reward_corruption": 0}
+
+    def _draw(self, n: int, p: float) -> torch.Tensor:
+        return torch.rand(n, generator=self.generator) < p
+
+    def replace_completions(
+        self, policy: Policy, gen: Generation, problems_N: list[Problem], params: SamplingParams
+    ) -> Generation:
+        """Swap some completions for the landmine or the answer; their log-probs are re-scored by `policy`."""
+        N = len(problems_N)
+        bug = self._draw(N, self.cfg.actor_bug)
+        discovery = self._draw(N, self.cfg.rare_discovery) & ~bug
+        rows = (bug | discovery).nonzero().squeeze(-1).tolist()
+        if not rows:
+            return gen
+        self.counts["actor_bug"] += int(bug.sum())
+        self.counts["rare_discovery"] += int(discovery.sum())
+        tok = policy.tokenizer
+        texts = {i: self.cfg.landmine if bug[i] else problems_N[i].answer for i in rows}
+        ids = {i: [*tok(t, add_special_tokens=False)["input_ids"], policy.eos_id] for i, t in texts.items()}
+        L = max(gen.completion_ids_NL.shape[1], *(len(v) for v in ids.values()))
+        pad = L - gen.completion_ids_NL.shape[1]
+        comp = torch.nn.functional.pad(gen.completion_ids_NL, (0, pad), value=policy.pad_id)
+        mask = torch.nn.functional.pad(gen.completion_mask_NL, (0, pad), value=0)
+        versions = torch.nn.functional.pad(gen.version_NL, (0, pad), value=int(gen.version_NL.max()))
+        logp = torch.nn.functional.pad(gen.logp_NL, (0, pad), value=0.0)
+        for i, seq in ids.items():
+            comp[i], mask[i] = policy.pad_id, 0
+            comp[i, : len(seq)] = torch.tensor(seq, device=comp.device)
+            mask[i, : len(seq)] = 1
+            versions[i] = int(gen.version_NL[i].max())
+        r = torch.tensor(rows, device=comp.device)
+        with torch.no_grad():
+            clean = SamplingParams(params.temperature, params.top_k, params.top_p, L)
+            logp[r] = policy.token_logprobs(gen.prompt_ids_NP[r], gen.prompt_mask_NP[r], comp[r], mask[r], clean)
+        return Generation(gen.prompt_ids_NP, gen.prompt_mask_NP, comp, mask, logp, versions)
+
+    def corrupt_rewards(self, rewards_N: torch.Tensor) -> torch.Tensor:
+        """Replace some rewards by a fair coin in {0, 1}."""
+        hit = self._draw(rewards_N.shape[0], self.cfg.reward_corruption)
+        self.counts["reward_corruption"] += int(hit.sum())
+        coin = (torch.rand(rewards_N.shape[0], generator=self.generator) < 0.5).to(rewards_N.dtype)
+        return torch.where(hit, coin, rewards_N)
