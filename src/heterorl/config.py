@@ -273,6 +273,13 @@ class LearnerConfig(Strict):
     steps: int = Field(100, ge=1, description="Learner steps (batches) to run; one weight version per step.")
     groups_per_step: int = Field(16, ge=1, description="Rollout groups (prompts) per learner step.")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer steps per batch (minibatches of the batch).")
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Dynamic batching: accumulate over micro-batches of whole groups under this many tokens.",
+    )
+    autocast_bf16: bool = Field(False, description="Run the learner's forward pass under bf16 autocast (GPU).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     lr: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay.")
     beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
@@ -420,6 +427,63 @@ class WeightsConfig(Strict):
     overlap: bool = Field(True, description="Publish in a worker thread while the next learner step runs.")
 
 
+# --- live cluster
+class LiveConfig(Strict):
+    """The live cluster: the learner's HTTP service, the sampler clients, durability and the local launcher.
+
+    Only `heterorl learner`, `heterorl sampler` and `heterorl run --live` read this section; the simulated
+    cluster ignores it. Defaults suit a learner and samplers on one host or a LAN; see docs/deployment.md.
+    """
+
+    token_env: str = Field(
+        "HETERORL_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Environment variable with the token."
+    )
+    token_file: str | None = Field(
+        None, min_length=1, description="File holding the bearer token; read before `token_env` when set."
+    )
+    max_body_bytes: int = Field(
+        16 * 2**20, ge=1024, le=2**31, description="Largest rollout POST body the learner reads; larger -> 413."
+    )
+    max_queued_groups: int = Field(
+        4096, ge=1, le=10_000_000, description="Groups waiting for the learner before POSTs get 503 (backpressure)."
+    )
+    poll_seconds: float = Field(
+        5.0, ge=0.0, le=300.0, description="Longest long-poll of GET /v1/weights when the sampler is current."
+    )
+    connected_seconds: float = Field(
+        30.0, gt=0.0, le=86_400.0, description="A sampler heard from within this many seconds counts as connected."
+    )
+    checkpoint_every: int = Field(
+        10, ge=1, le=1_000_000, description="Learner steps between durable learner-state checkpoints."
+    )
+    fsync: bool = Field(True, description="fsync every journaled group before acknowledging it (power-loss safety).")
+    emulate_links: bool = Field(
+        False, description="Samplers apply their node's link delays, bandwidth and faults for real (experiments)."
+    )
+    request_timeout_s: float = Field(
+        120.0, gt=0.0, le=3600.0, description="Sampler: timeout of one request (a long-poll adds poll_seconds)."
+    )
+    backoff_initial_s: float = Field(0.2, gt=0.0, le=60.0, description="Sampler: first delay before a retry.")
+    backoff_max_s: float = Field(
+        10.0, gt=0.0, le=3600.0, description="Sampler: cap of the retry delay (doubles per failure, with jitter)."
+    )
+    patience_s: float = Field(
+        600.0, gt=0.0, le=604_800.0, description="Sampler: give up after this long without reaching the learner."
+    )
+    linger_s: float = Field(
+        5.0, ge=0.0, le=600.0, description="Learner: keep answering this long after the last step (samplers see it)."
+    )
+    startup_timeout_s: float = Field(
+        600.0, gt=0.0, le=86_400.0, description="run --live: longest wait for the learner to start listening."
+    )
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> LiveConfig:
+        if self.backoff_initial_s > self.backoff_max_s:
+            raise ValueError(f"backoff_initial_s {self.backoff_initial_s} > backoff_max_s {self.backoff_max_s}")
+        return self
+
+
 # --- run
 class RunConfig(Strict):
     """Everything a run needs; written, resolved, into the run directory."""
@@ -434,6 +498,7 @@ class RunConfig(Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    live: LiveConfig = Field(default_factory=LiveConfig)
 
     @model_validator(mode="after")
     def _eta_needs_async(self) -> RunConfig:

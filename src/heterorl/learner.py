@@ -8,12 +8,12 @@ the weights at the start of the step, computed once per batch.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 from heterorl.config import LearnerConfig, RunConfig
+from heterorl.microbatch import StatsAccumulator, loss_share, split_by_tokens
 from heterorl.objectives import group_advantages, objective_from_config
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import Batch, RolloutGroup, pack_groups
@@ -42,8 +42,11 @@ class Learner:
         self.params = SamplingParams.from_config(cfg.sampler)
         model = policy.model.float()
         model.train()
+        if self.cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            model.parameters(),
+            self.trainable,
             lr=self.cfg.lr,
             betas=(self.cfg.beta1, self.cfg.beta2),
             eps=self.cfg.adam_eps,
@@ -56,42 +59,54 @@ class Learner:
 
     # ------------------------------------------------------------------ training
     def _logp(self, batch: Batch) -> torch.Tensor:
-        return self.policy.token_logprobs(
-            batch.prompt_ids_BP, batch.prompt_mask_BP, batch.completion_ids_BL, batch.completion_mask_BL, self.params
-        )
+        device_type = self.policy.device.type
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16):
+            logp = self.policy.token_logprobs(
+                batch.prompt_ids_BP,
+                batch.prompt_mask_BP,
+                batch.completion_ids_BL,
+                batch.completion_mask_BL,
+                self.params,
+            )
+        return logp.float()
 
     def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
-        """advantages -> objective -> optimizer step(s) -> version + 1. Returns namespaced statistics."""
+        """advantages -> objective -> optimizer step(s) -> version + 1. Returns namespaced statistics.
+
+        The batch is split into `updates_per_batch` minibatches (one optimizer step each), each minibatch into
+        micro-batches under `micro_batch_tokens` whose gradients accumulate exactly (heterorl.microbatch).
+        """
         batch = pack_groups(groups, self.policy.pad_id).to(self.policy.device)
         adv_B = group_advantages(batch.rewards_B, batch.group_index_B, normalize=self.objective.normalize_advantages)
         prox_logp_BL = None
         if self.objective.needs_prox_logp:
             with torch.no_grad():
                 prox_logp_BL = self._logp(batch)
-        sums: dict[str, float] = defaultdict(float)
+        aggregation = getattr(self.objective.config, "aggregation", "seq_mean")
+        acc = StatsAccumulator()
         chunks = torch.arange(len(groups)).chunk(self.cfg.updates_per_batch)
         for chunk in chunks:
             rows_B = torch.isin(batch.group_index_B, chunk.to(batch.group_index_B.device)).nonzero().squeeze(-1)
-            mb = batch.select(rows_B)
-            out = self.objective(
-                logp=self._logp(mb),
-                behavior_logp=mb.behavior_logp_BL,
-                mask=mb.completion_mask_BL,
-                advantages=adv_B[rows_B],
-                group_index=mb.group_index_B,
-                prox_logp=None if prox_logp_BL is None else prox_logp_BL[rows_B],
-            )
             self.optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.grad_clip)
-            sums["opt/lr"] += self.scheduler.get_last_lr()[0]
+            for micro_rows in split_by_tokens(batch, rows_B, self.cfg.micro_batch_tokens):
+                share = loss_share(aggregation, batch, micro_rows, rows_B)
+                micro = batch.select(micro_rows, trim=aggregation != "dr_grpo")
+                out = self.objective(
+                    logp=self._logp(micro),
+                    behavior_logp=micro.behavior_logp_BL,
+                    mask=micro.completion_mask_BL,
+                    advantages=adv_B[micro_rows],
+                    group_index=micro.group_index_B,
+                    prox_logp=None if prox_logp_BL is None else prox_logp_BL[micro_rows, : micro.width],
+                )
+                (out.loss * share).backward()
+                acc.add({f"obj/{k}": v for k, v in out.stats.items()}, weight=share / len(chunks))
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
+            acc.add({"opt/lr": self.scheduler.get_last_lr()[0], "opt/grad_norm": float(grad_norm)}, 1 / len(chunks))
             self.optimizer.step()
             self.scheduler.step()
-            sums["opt/grad_norm"] += float(grad_norm)
-            for key, value in out.stats.items():
-                sums[f"obj/{key}"] += value
         self.version += 1
-        stats = {k: v / len(chunks) for k, v in sums.items()}
+        stats = acc.result()
         rewards = batch.rewards_B.float()
         stats.update(
             {

@@ -64,9 +64,19 @@ class Batch:
     def to(self, device: torch.device) -> Batch:
         return Batch(*(t.to(device) for t in vars(self).values()))
 
-    def select(self, rows_B: torch.Tensor) -> Batch:
-        """The sub-batch of the given rows (used to split a batch into minibatches)."""
-        return Batch(*(t[rows_B] for t in vars(self).values()))
+    def select(self, rows_B: torch.Tensor, trim: bool = False) -> Batch:
+        """The sub-batch of the given rows; `trim` drops the columns of completion padding no row uses."""
+        sub = Batch(*(t[rows_B] for t in vars(self).values()))
+        if not trim:
+            return sub
+        width = max(int(sub.completion_mask_BL.sum(1).max()), 1)
+        cut = ("completion_ids_BL", "completion_mask_BL", "behavior_logp_BL", "version_BL")
+        return Batch(**{k: (t[:, :width] if k in cut else t) for k, t in vars(sub).items()})
+
+    @property
+    def width(self) -> int:
+        """Completion columns (L)."""
+        return int(self.completion_ids_BL.shape[1])
 
     @property
     def num_tokens(self) -> int:
