@@ -27,6 +27,22 @@ class Strict(BaseModel):
 
 
 # --- model
+class LoraConfig(Strict):
+    """LoRA adapters (PEFT) trained by the learner instead of the full weights."""
+
+    rank: int = Field(8, ge=1, le=1024, description="Adapter rank r.")
+    alpha: float = Field(16.0, gt=0.0, description="Scale numerator: the update is (alpha / r) * B @ A.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Module names that get adapters.",
+    )
+    publish: Literal["adapter", "merged"] = Field(
+        "adapter", description="Send only the adapter tensors, or the merged full weights, to samplers."
+    )
+
+
 class ModelConfig(Strict):
     """The policy network: a local transformers checkpoint, or a small architecture built in code."""
 
@@ -39,6 +55,10 @@ class ModelConfig(Strict):
     intermediate_size: int = Field(256, ge=8, description="MLP hidden width.")
     max_positions: int = Field(64, ge=8, description="Maximum sequence length (prompt + completion).")
     device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="Where to run; auto picks CUDA if present.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Samplers' compute dtype; the learner always keeps fp32 master weights."
+    )
+    lora: LoraConfig | None = Field(None, description="Train LoRA adapters instead of every weight.")
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
@@ -60,6 +80,7 @@ MATH_PROMPT_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your fi
 
 class _TaskBase(Strict):
     eval_size: int = Field(256, ge=1, le=100_000, description="Held-out prompts for greedy evaluation.")
+    chat_template: bool = Field(False, description="Wrap each prompt as a user turn with the tokenizer's template.")
     reward: str | None = Field(None, pattern=REWARD_PATTERN, description=REWARD_HELP)
 
 

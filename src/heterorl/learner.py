@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from heterorl.config import LearnerConfig, RunConfig
+from heterorl.lora import adapter_state, apply_lora, merged_state
 from heterorl.microbatch import StatsAccumulator, loss_share, split_by_tokens
 from heterorl.objectives import group_advantages, objective_from_config
 from heterorl.policy import Policy, SamplingParams
@@ -40,7 +41,11 @@ class Learner:
         self.cfg = cfg.learner
         self.objective = objective_from_config(cfg.objective)
         self.params = SamplingParams.from_config(cfg.sampler)
-        model = policy.model.float()
+        policy.model = policy.model.float()
+        if cfg.model.lora is not None:
+            policy.model = apply_lora(policy.model, cfg.model.lora)
+        self.lora = cfg.model.lora
+        model = policy.model
         model.train()
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
@@ -120,13 +125,28 @@ class Learner:
         return stats
 
     # ------------------------------------------------------------------ weights out
+    def _published_state(self) -> dict[str, torch.Tensor]:
+        model = self.policy.model
+        if self.lora is None:
+            return dict(model.named_parameters())
+        return adapter_state(model) if self.lora.publish == "adapter" else merged_state(model)
+
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """The published view of the master weights: every parameter cast to the wire dtype (a fresh copy)."""
+        """What samplers receive, cast to the wire dtype (a fresh copy): every parameter, or with LoRA the adapter
+        tensors alone or the merged weights (`model.lora.publish`)."""
         return {
             name: p.detach().to(device="cpu", dtype=self.wire_dtype, copy=True)
-            for name, p in self.policy.model.named_parameters()
+            for name, p in self._published_state().items()
         }
 
     def save_checkpoint(self, path: str | Path) -> None:
-        """A transformers checkpoint (safetensors + tokenizer + config) of the fp32 master weights."""
-        self.policy.save(path)
+        """A transformers checkpoint (safetensors + tokenizer + config) of the fp32 master weights; with LoRA the
+        merged weights, and the adapter itself in `adapter/` (PEFT format)."""
+        model = self.policy.model
+        if self.lora is None:
+            self.policy.save(path)
+            return
+        merged = {name: t.detach().clone() for name, t in merged_state(model).items()}
+        model.get_base_model().save_pretrained(path, state_dict=merged, safe_serialization=True)
+        self.policy.tokenizer.save_pretrained(path)
+        model.save_pretrained(Path(path) / "adapter")

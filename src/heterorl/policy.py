@@ -127,10 +127,19 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 class Policy:
     """A causal LM and its tokenizer on one device."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, device: torch.device) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        device: torch.device,
+        chat_template: bool = False,
+    ) -> None:
         self.model = model.to(device)
         self.tokenizer = tokenizer
         self.device = device
+        self.chat_template = chat_template
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("task.chat_template is true but the tokenizer has no chat template")
         if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer needs a pad token and an eos token")
         self.pad_id: int = tokenizer.pad_token_id
@@ -147,8 +156,14 @@ class Policy:
         return cls(build_model(cfg, tokenizer, seed), tokenizer, device)
 
     @classmethod
-    def load(cls, path: str | Path, device: torch.device | str = "cpu") -> Policy:
-        """Load a transformers checkpoint directory (weights + tokenizer) in fp32."""
+    def load(
+        cls,
+        path: str | Path,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        chat_template: bool = False,
+    ) -> Policy:
+        """Load a transformers checkpoint directory (weights + tokenizer), computing in `dtype`."""
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model.path {str(path)!r} is not a transformers checkpoint (no config.json)")
@@ -156,8 +171,8 @@ class Policy:
         tokenizer.padding_side = "left"
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-        return cls(model, tokenizer, torch.device(device))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        return cls(model, tokenizer, torch.device(device), chat_template)
 
     def save(self, path: str | Path) -> None:
         """Save as a transformers checkpoint: safetensors weights, config and tokenizer."""
@@ -166,7 +181,14 @@ class Policy:
 
     # ------------------------------------------------------------------ text <-> ids
     def encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids [N, P] and attention mask [N, P]."""
+        """Left-padded prompt ids [N, P] and attention mask [N, P] (each prompt a user turn if chat_template)."""
+        if self.chat_template:
+            prompts = [
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                )
+                for p in prompts
+            ]
         enc = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
         return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
 

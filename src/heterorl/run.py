@@ -19,6 +19,7 @@ from heterorl.config import RunConfig, config_to_yaml
 from heterorl.console import Bar, progress_bar
 from heterorl.evaluate import greedy_accuracy
 from heterorl.learner import Learner
+from heterorl.lora import apply_lora
 from heterorl.metrics import MetricsWriter
 from heterorl.policy import Policy, SamplingParams, resolve_device
 from heterorl.pretrain import ensure_base_model
@@ -45,15 +46,21 @@ def resolve_base_model(cfg: RunConfig, show_progress: bool = True) -> tuple[str,
 
 
 def make_learner(cfg: RunConfig, base: str) -> Learner:
-    return Learner(Policy.load(base, resolve_device(cfg.model.device)), cfg)
+    """The learner: fp32 master weights of the base model (with fresh LoRA adapters when configured)."""
+    device = resolve_device(cfg.model.device)
+    return Learner(Policy.load(base, device, chat_template=cfg.task.chat_template), cfg)
 
 
 def make_sampler(cfg: RunConfig, base: str, index: int, task: Task | None = None) -> Sampler:
     """Sampler `index` of the cluster config, with its own seeded prompt and sampling streams."""
     node = cfg.cluster.samplers[index]
+    dtype = getattr(torch, cfg.model.dtype)
+    policy = Policy.load(base, resolve_device(cfg.model.device), dtype, chat_template=cfg.task.chat_template)
+    if cfg.model.lora is not None and cfg.model.lora.publish == "adapter":
+        policy.model = apply_lora(policy.model, cfg.model.lora)  # receives adapter tensors only
     return Sampler(
         node.name or f"sampler-{index}",
-        Policy.load(base, resolve_device(cfg.model.device)),
+        policy,
         task or make_task(cfg.task),
         SamplingParams.from_config(cfg.sampler),
         cfg.sampler.group_size,

@@ -48,14 +48,18 @@ class Sampler:
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
-        """Overwrite the model's parameters with `weights` (any float dtype; copied and cast) and set the version."""
+        """Overwrite the published parameters (all of them, or the LoRA adapter's) with `weights` (copied and
+        cast to the model's dtype) and set the version."""
         params = dict(self.policy.model.named_parameters())
-        missing = set(params) - set(weights)
-        if missing:
-            raise ValueError(f"weights for version {version} lack {sorted(missing)[:5]}")
+        expected = {name for name, p in params.items() if p.requires_grad}
+        missing, unknown = expected - set(weights), set(weights) - set(params)
+        if missing or unknown:
+            raise ValueError(
+                f"weights for version {version}: missing {sorted(missing)[:3]}, unknown {sorted(unknown)[:3]}"
+            )
         with torch.no_grad():
-            for name, p in params.items():
-                p.copy_(weights[name])
+            for name, tensor in weights.items():
+                params[name].copy_(tensor)
         self.version = version
 
     # ------------------------------------------------------------------ generation
