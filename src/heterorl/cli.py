@@ -99,6 +99,36 @@ def evaluate(
     typer.echo(f"{checkpoint}: held-out greedy accuracy {acc:.1%} on {len(task.eval_set())} {cfg.task.name} prompts")
 
 
+@app.command()
+def sweep(
+    sweep_file: Annotated[Path, typer.Argument(help="Sweep YAML: base, name, grid, zip, seeds, set, workers.")],
+    workers: Annotated[int | None, typer.Option("--workers", "-j", help="Parallel runs (default: the file's).")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run a grid of configs x seeds as run directories (resumable: finished runs are skipped; in parallel)."""
+    from heterorl.sweep import sweep_command
+
+    raise typer.Exit(sweep_command(sweep_file, workers, quiet))
+
+
+@app.command()
+def report(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories or a sweep's output directory.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where report.md and the PNGs go.")] = Path("report"),
+    baseline: Annotated[
+        str | None, typer.Option("--baseline", help="Reference group KEY=VALUE, e.g. cluster.mode=sync.")
+    ] = None,
+    group_by: Annotated[
+        str | None, typer.Option("--group-by", help="Comma-separated keys (default: all that differ but seed).")
+    ] = None,
+) -> None:
+    """Tables and figures comparing runs, grouped over seeds (accuracy, reward, KL and IS variance vs staleness,
+    staleness histograms, weight traffic)."""
+    from heterorl.report import report_command
+
+    report_command(run_dirs, out, baseline, group_by)
+
+
 sync_app = typer.Typer(no_args_is_help=True, help="PULSE weight sync: benchmark the codec, inspect a run's traffic.")
 app.add_typer(sync_app, name="sync")
 

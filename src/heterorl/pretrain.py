@@ -112,10 +112,18 @@ def pretrain(cfg: RunConfig, out_dir: str | Path, show_progress: bool = True) ->
 
 
 def ensure_base_model(cfg: RunConfig, show_progress: bool = True) -> PretrainResult:
-    """The cached base model for this config, pretraining it first if it is not cached yet."""
+    """The cached base model for this config, pretraining it first if it is not cached yet.
+
+    A file lock per model makes parallel callers (sweep workers) wait for one pretraining instead of racing.
+    """
+    import fcntl
+
     out = cache_dir() / "base" / base_model_key(cfg)
     marker = out / "pretrain.json"
-    if marker.is_file():
-        data = json.loads(marker.read_text())
-        return PretrainResult(**{**data, "path": str(out), "cached": True})
-    return pretrain(cfg, out, show_progress=show_progress)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / f"{out.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if marker.is_file():
+            data = json.loads(marker.read_text())
+            return PretrainResult(**{**data, "path": str(out), "cached": True})
+        return pretrain(cfg, out, show_progress=show_progress)

@@ -1,0 +1,187 @@
+"""The report's figures (PNG). Object-oriented matplotlib (`Figure`, no pyplot): rendering uses the Agg canvas
+and never touches the global backend of the process that asked for a report.
+
+Each group keeps one colour in every figure. Curves over seeds are aligned on the steps every run of the group
+logged (a run that stopped early shortens its group's curve rather than biasing the mean).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from heterorl.report.runs import Group, RunData
+
+DPI = 120
+LOG_SPAN = 100.0  # use a log y axis when the positive values span more than this factor
+
+
+def colours(groups: list[Group]) -> dict[str, Any]:
+    """One colour per group, stable across figures (tab10, tab20 beyond ten groups)."""
+    cmap = mpl.colormaps["tab10" if len(groups) <= 10 else "tab20"]
+    return {g.name: cmap(i % cmap.N) for i, g in enumerate(groups)}
+
+
+def _figure(groups: list[Group], ncols: int = 1) -> tuple[Figure, list[Axes]]:
+    """A figure with a legend area below the panels, tall enough for one legend row per group."""
+    fig = Figure(figsize=(6.0 * ncols, 3.8 + 0.22 * len(groups)), layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _finish(fig: Figure, path: Path) -> Path:
+    for ax in fig.axes:  # steps and staleness are whole numbers
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="outside lower center", fontsize="small", frameon=False)
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _maybe_log(ax: Axes, values: np.ndarray) -> None:
+    positive = values[values > 0]
+    if positive.size and positive.size == values.size and positive.max() / positive.min() > LOG_SPAN:
+        ax.set_yscale("log")
+
+
+def aligned(runs: list[RunData], records: Callable[[RunData], list[dict[str, Any]]], key: str):
+    """(steps_S, values_RS): `key` of every run at the steps all runs logged it."""
+    per_run = [{r["step"]: float(r[key]) for r in records(run) if r.get(key) is not None} for run in runs]
+    steps = sorted(set.intersection(*(set(d) for d in per_run))) if per_run else []
+    values_RS = np.array([[d[s] for s in steps] for d in per_run], dtype=float).reshape(len(runs), len(steps))
+    return np.array(steps, dtype=float), values_RS
+
+
+def curves(groups: list[Group], key: str, evals: bool, title: str, ylabel: str, path: Path) -> Path | None:
+    """Mean over seeds per group with the min–max band; None when no run logged `key`."""
+    fig, (ax,) = _figure(groups)
+    colour = colours(groups)
+    drawn = False
+    for group in groups:
+        steps_S, values_RS = aligned(group.runs, (lambda r: r.evals) if evals else (lambda r: r.train), key)
+        if not steps_S.size:
+            continue
+        drawn = True
+        c = colour[group.name]
+        label = f"{group.name} (n={len(group.runs)})"
+        ax.plot(steps_S, values_RS.mean(axis=0), color=c, label=label, marker="o" if evals else None, ms=3)
+        if len(group.runs) > 1:
+            ax.fill_between(steps_S, values_RS.min(axis=0), values_RS.max(axis=0), color=c, alpha=0.2, lw=0)
+    if not drawn:
+        return None
+    ax.set(title=title, xlabel="learner step", ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    return _finish(fig, path)
+
+
+def offpolicy_scatter(groups: list[Group], path: Path) -> Path | None:
+    """Per learner step: learner–sampler KL (k3) and importance-weight variance against the batch staleness."""
+    panels = (("obj/kl_k3", "learner–sampler KL (k3)"), ("obj/is_weight_var", "importance-weight variance"))
+    fig, axes = _figure(groups, ncols=2)
+    colour = colours(groups)
+    drawn = False
+    for ax, (key, ylabel) in zip(axes, panels, strict=True):
+        ys = []
+        for group in groups:
+            x = [r["stale/mean"] for run in group.runs for r in run.train if _has(r, "stale/mean", key)]
+            y = [r[key] for run in group.runs for r in run.train if _has(r, "stale/mean", key)]
+            if x:
+                drawn = True
+                ax.scatter(x, y, s=10, alpha=0.6, color=colour[group.name], label=group.name)
+                ys.extend(y)
+        _maybe_log(ax, np.array(ys, dtype=float))
+        ax.set(title=f"{ylabel} vs staleness", xlabel="batch mean staleness (learner steps)", ylabel=ylabel)
+        ax.grid(alpha=0.3)
+    return _finish(fig, path) if drawn else None
+
+
+def _has(record: dict[str, Any], *keys: str) -> bool:
+    return all(record.get(k) is not None for k in keys)
+
+
+def staleness_counts(group: Group) -> dict[int, int]:
+    """summary.json `staleness_histogram` summed over the group's finished runs."""
+    total: dict[int, int] = {}
+    for run in group.runs:
+        for staleness, count in ((run.summary or {}).get("staleness_histogram") or {}).items():
+            total[int(staleness)] = total.get(int(staleness), 0) + int(count)
+    return total
+
+
+def staleness_histograms(groups: list[Group], path: Path) -> Path | None:
+    """Share of trained groups per staleness, bars side by side per report group (shares, so seeds and batch
+    sizes compare); the legend gives the groups dropped by the staleness window."""
+    counts = {g.name: staleness_counts(g) for g in groups}
+    if not any(counts.values()):
+        return None
+    fig, (ax,) = _figure(groups)
+    colour = colours(groups)
+    width = 0.8 / len(groups)
+    for i, group in enumerate(groups):
+        hist = counts[group.name]
+        if not hist:
+            continue
+        staleness = np.array(sorted(hist), dtype=float)
+        share = np.array([hist[int(s)] for s in staleness], dtype=float) / sum(hist.values())
+        dropped = sum(int((r.summary or {}).get("groups_dropped", 0)) for r in group.runs)
+        offset = (i - (len(groups) - 1) / 2) * width
+        label = f"{group.name} (dropped {dropped})"
+        ax.bar(staleness + offset, share, width=width, color=colour[group.name], label=label)
+    ax.set(title="Staleness of trained groups", xlabel="staleness (learner steps)", ylabel="share of groups")
+    ax.grid(alpha=0.3, axis="y")
+    return _finish(fig, path)
+
+
+def weight_traffic(groups: list[Group], path: Path) -> Path | None:
+    """Bytes sent per weight version against the full-snapshot equivalent, and their ratio (mean over seeds)."""
+    fig, (ax_bytes, ax_ratio) = _figure(groups, ncols=2)
+    colour = colours(groups)
+    drawn = False
+    for group in groups:
+        steps_S, sent_RS = aligned(group.runs, lambda r: r.train, "sync/bytes")
+        full_steps_S, full_RS = aligned(group.runs, lambda r: r.train, "sync/full_bytes")
+        if not steps_S.size or not np.array_equal(steps_S, full_steps_S):
+            continue
+        drawn = True
+        c = colour[group.name]
+        sent_S, full_S = sent_RS.mean(axis=0), full_RS.mean(axis=0)
+        ax_bytes.plot(steps_S, sent_S / 1e6, color=c, label=group.name)
+        ax_bytes.plot(steps_S, full_S / 1e6, color=c, ls="--", alpha=0.6)
+        ax_ratio.plot(steps_S, full_S / np.maximum(sent_S, 1.0), color=c)
+    if not drawn:
+        return None
+    ax_bytes.set(title="Weight bytes per version (dashed: full)", xlabel="learner step", ylabel="MB (all samplers)")
+    ax_bytes.set_yscale("log")
+    ax_ratio.set(title="Full / sent bytes", xlabel="learner step", ylabel="compression ratio (x)")
+    for ax in (ax_bytes, ax_ratio):
+        ax.grid(alpha=0.3)
+    return _finish(fig, path)
+
+
+def plot_all(groups: list[Group], out: Path) -> dict[str, Path]:
+    """Every figure that has data, keyed by a short name; paths are inside `out`."""
+    figures = {
+        "accuracy": curves(
+            groups,
+            "eval/accuracy",
+            True,
+            "Held-out accuracy (mean, min–max over seeds)",
+            "greedy accuracy",
+            out / "accuracy.png",
+        ),
+        "reward": curves(
+            groups, "reward/mean", False, "Batch reward (mean, min–max over seeds)", "reward", out / "reward.png"
+        ),
+        "offpolicy": offpolicy_scatter(groups, out / "kl_is_vs_staleness.png"),
+        "staleness": staleness_histograms(groups, out / "staleness_hist.png"),
+        "traffic": weight_traffic(groups, out / "weight_traffic.png"),
+    }
+    return {name: path for name, path in figures.items() if path is not None}
