@@ -575,22 +575,28 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+def read_yaml_mapping(path: str | Path, error: type[ValueError] = ConfigError) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping (an empty file gives {}); `error` names the file and the problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise error(f"file not found: {p}")
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise error(f"{p}: not valid YAML ({exc})") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise error(f"{p}: the top level must be a mapping")
+    return loaded or {}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply `--set` overrides, validate; errors name the field."""
     data: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML ({exc})") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping")
+        loaded = read_yaml_mapping(path)
         # a JSON round trip gives every YAML alias (&anchor / *ref) its own copy, so an override of one
         # list item never silently changes the items that shared the anchor
-        data = json.loads(json.dumps(loaded or {}))
+        data = json.loads(json.dumps(loaded))
     data = apply_overrides(data, overrides or [])
     try:
         return RunConfig.model_validate(data)

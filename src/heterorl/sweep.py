@@ -41,10 +41,9 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from heterorl.config import ConfigError, RunConfig, load_config, parse_override
+from heterorl.config import ConfigError, RunConfig, load_config, parse_override, read_yaml_mapping
 
 Runner = Callable[[RunConfig, Path], object]
 """Trains one config into one run directory and writes its summary.json (the default is `execute_run`)."""
@@ -186,14 +185,7 @@ class SweepResult:
 def load_sweep(path: str | Path) -> Sweep:
     """Parse and validate a sweep file; errors name the field."""
     path = Path(path)
-    if not path.is_file():
-        raise SweepError(f"sweep file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise SweepError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise SweepError(f"{path}: the top level must be a mapping")
+    data = read_yaml_mapping(path, SweepError)
     try:
         spec = SweepFile.model_validate(data)
     except ValidationError as exc:
