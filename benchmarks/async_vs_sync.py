@@ -26,9 +26,7 @@ from heterorl.run import execute
 
 REPO = Path(__file__).resolve().parents[1]
 NETWORKS = {
-    "datacenter": [
-        f"cluster.samplers.{i}.link.weights_delay={{kind: fixed, seconds: 0}}" for i in range(3)
-    ],
+    "datacenter": [f"cluster.samplers.{i}.link.weights_delay={{kind: fixed, seconds: 0}}" for i in range(3)],
     "wan": [],  # the demo's links as configured
 }
 

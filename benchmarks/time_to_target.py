@@ -1,0 +1,66 @@
+"""Virtual time to reach a target held-out accuracy, per run group (AReaL's end-to-end comparison).
+
+For every run the first evaluation whose accuracy reaches the target gives the virtual time (and learner step)
+at which it was reached; groups are runs with equal configs but the seed. Runs that never reach it count as
+not reached.
+
+    .venv/bin/python benchmarks/time_to_target.py runs/areal-time-to-target --target 0.75 --key cluster.mode
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+from heterorl.metrics import read_metrics
+
+
+def first_reach(run_dir: Path, target: float) -> tuple[float, int] | None:
+    """(virtual seconds, learner step) of the first evaluation at or above `target`, None if never."""
+    for r in read_metrics(run_dir / "metrics.jsonl"):
+        if r.get("kind") == "eval" and r["eval/accuracy"] >= target:
+            return r["time/virtual"], r["step"]
+    return None
+
+
+def lookup(config: dict, dotted: str) -> object:
+    node: object = config
+    for part in dotted.split("."):
+        node = node[part]  # type: ignore[index]
+    return node
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("root", type=Path, help="a sweep's output directory")
+    parser.add_argument("--target", type=float, default=0.75)
+    parser.add_argument("--key", default="cluster.mode", help="config key that names the groups")
+    args = parser.parse_args()
+    groups: dict[str, list[tuple[float, int] | None]] = defaultdict(list)
+    for run in sorted(p.parent for p in args.root.glob("*/summary.json")):
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        groups[str(lookup(config, args.key))].append(first_reach(run, args.target))
+    print(f"| {args.key} | runs | reached | virtual s to {args.target:.0%} (mean ± std) | learner steps (mean) |")
+    print("| --- | --- | --- | --- | --- |")
+    means = {}
+    for name, hits in groups.items():
+        reached = [h for h in hits if h is not None]
+        times = [t for t, _ in reached]
+        if times:
+            means[name] = statistics.mean(times)
+            spread = statistics.stdev(times) if len(times) > 1 else 0.0
+            steps = statistics.mean(s for _, s in reached)
+            print(f"| {name} | {len(hits)} | {len(reached)} | {means[name]:.0f} ± {spread:.0f} | {steps:.0f} |")
+        else:
+            print(f"| {name} | {len(hits)} | 0 | not reached | - |")
+    if len(means) == 2:
+        (slow, t_slow), (fast, t_fast) = sorted(means.items(), key=lambda kv: -kv[1])
+        print(f"\n{fast} reaches {args.target:.0%} {t_slow / t_fast:.2f}x sooner than {slow} (virtual time)")
+
+
+if __name__ == "__main__":
+    main()
