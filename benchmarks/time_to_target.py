@@ -31,6 +31,25 @@ def first_reach(run_dir: Path, target: float, gain: float | None) -> tuple[float
     return None
 
 
+def plot_curves(curves: dict[str, list[tuple[list[float], list[float]]]], key: str, path: Path) -> None:
+    """Held-out accuracy against virtual hours, one line per run, one colour per group."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    for colour, (name, runs) in zip(("tab:blue", "tab:orange", "tab:green", "tab:red"), curves.items(), strict=False):
+        for i, (hours, acc) in enumerate(runs):
+            ax.plot(hours, acc, color=colour, alpha=0.8, marker=".", label=f"{key}={name}" if i == 0 else None)
+    ax.set(xlabel="virtual time (hours)", ylabel="held-out greedy accuracy", title="Accuracy vs virtual time")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def lookup(config: dict, dotted: str) -> object:
     node: object = config
     for part in dotted.split("."):
@@ -44,11 +63,18 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.75)
     parser.add_argument("--gain", type=float, default=None, help="instead: initial accuracy + this, per run")
     parser.add_argument("--key", default="cluster.mode", help="config key that names the groups")
+    parser.add_argument("--plot", type=Path, default=None, help="also plot accuracy vs virtual time (PNG)")
     args = parser.parse_args()
     groups: dict[str, list[tuple[float, int] | None]] = defaultdict(list)
+    curves: dict[str, list[tuple[list[float], list[float]]]] = defaultdict(list)
     for run in sorted(p.parent for p in args.root.glob("*/summary.json")):
         config = yaml.safe_load((run / "config.yaml").read_text())
-        groups[str(lookup(config, args.key))].append(first_reach(run, args.target, args.gain))
+        name = str(lookup(config, args.key))
+        groups[name].append(first_reach(run, args.target, args.gain))
+        evals = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "eval"]
+        curves[name].append(([r["time/virtual"] / 3600 for r in evals], [r["eval/accuracy"] for r in evals]))
+    if args.plot is not None:
+        plot_curves(curves, args.key, args.plot)
     goal = f"+{args.gain * 100:.0f} points" if args.gain is not None else f"{args.target:.0%}"
     print(f"| {args.key} | runs | reached | virtual s to {goal} (mean ± std) | learner steps (mean) |")
     print("| --- | --- | --- | --- | --- |")
