@@ -29,6 +29,21 @@ def test_smoke_run_improves_reward(smoke_run: tuple[Path, dict]) -> None:
     assert 0.2 <= summary["accuracy_initial"] <= 0.7  # the warm start is only partly competent
 
 
+def test_smoke_run_with_patch_sync_is_identical_to_full_sync(smoke_run: tuple[Path, dict], tmp_path: Path) -> None:
+    """The smoke config ships weights as full snapshots; with PULSE patches every training metric is the same."""
+    run_dir, _ = smoke_run
+    execute(smoke_config("weights.codec=pulse"), tmp_path / "pulse", show_progress=False)
+
+    def training(path: Path) -> list[dict]:
+        records = read_metrics(path / "metrics.jsonl")
+        return [{k: v for k, v in r.items() if not k.startswith(("time/", "sync/"))} for r in records]
+
+    assert training(tmp_path / "pulse") == training(run_dir)
+    sent = [r["sync/bytes"] for r in read_metrics(tmp_path / "pulse" / "metrics.jsonl") if r["kind"] == "train"]
+    full = [r["sync/bytes"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert sum(sent[1:]) < sum(full[1:]) / 2  # after the first snapshot, patches are much smaller
+
+
 def test_run_directory_is_complete(smoke_run: tuple[Path, dict]) -> None:
     run_dir, summary = smoke_run
     assert load_config(run_dir / "config.yaml") == smoke_config()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -48,20 +50,85 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     console.print(table)
 
 
+@contextmanager
+def _live_errors() -> Iterator[None]:
+    """Live-mode failures a user can act on (setup, token, unreachable learner) print in red and exit 1."""
+    from heterorl.cluster.auth import TokenError
+    from heterorl.cluster.live import LiveRunError
+    from heterorl.cluster.preflight import LiveSetupError
+    from heterorl.cluster.remote import AuthError, LearnerUnreachableError
+
+    try:
+        yield
+    except (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError) as exc:
+        typer.secho(f"{type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+
+
 @app.command()
 def run(
     config: ConfigArg = None,
     set_: SetOpt = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Where to write the run.")] = None,
+    live: Annotated[
+        bool, typer.Option("--live", help="Learner and samplers as local processes over HTTP, real clocks.")
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Post-train a model with RL on the simulated cluster and write a run directory."""
+    """Post-train a model with RL on the simulated cluster (or, with --live, on local processes) and write a run
+    directory."""
     cfg = _load(config, set_)
     from heterorl.run import execute, new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "run")
-    summary = execute(cfg, target, show_progress=not quiet)
+    if live:
+        from heterorl.cluster.live import run_live
+
+        with _live_errors():
+            summary = run_live(cfg, target, show_progress=not quiet)
+    else:
+        summary = execute(cfg, target, show_progress=not quiet)
     _print_summary(summary, target)
+
+
+@app.command()
+def learner(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to serve on.")] = "127.0.0.1:8470",
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Where to write the run.")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run directory's saved state.")] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run the learner service: samplers pull weights from it and push rollout groups (docs/deployment.md)."""
+    cfg = _load(config, set_)
+    from heterorl.cluster.learner_process import serve_learner
+    from heterorl.run import new_run_dir
+
+    target = run_dir or new_run_dir(name=config.stem if config else "learner")
+    with _live_errors():
+        summary = serve_learner(cfg, listen, target, resume=resume, show_progress=not quiet)
+    if summary is None:
+        typer.echo(f"stopped; continue with: heterorl learner ... --run-dir {target} --resume")
+    else:
+        _print_summary(summary, target)
+
+
+@app.command()
+def sampler(
+    config: ConfigArg = None,
+    set_: SetOpt = None,
+    connect: Annotated[str, typer.Option("--connect", help="The learner's URL, e.g. http://host:8470.")] = "",
+    index: Annotated[int, typer.Option("--index", help="Which node of cluster.samplers this is.")] = 0,
+) -> None:
+    """Run one sampler against a learner service (outbound connections only); prints its event log."""
+    if not connect:
+        raise typer.BadParameter("--connect URL is required")
+    cfg = _load(config, set_)
+    from heterorl.cluster.sampler_process import run_sampler
+
+    with _live_errors():
+        run_sampler(cfg, connect, index)
 
 
 @app.command()
@@ -169,13 +236,15 @@ def sync_bench(
 
 @sync_app.command("inspect")
 def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
-    """Per-step sparsity and weight traffic of a run (from its metrics.jsonl)."""
+    """Per-version sparsity and weight traffic of a run (from its metrics.jsonl; version 0, the initial
+    snapshot, is left out)."""
     from rich.table import Table
 
     from heterorl.console import console
     from heterorl.metrics import read_metrics
 
-    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "train" and "sync/bytes" in r]
+    records = read_metrics(run_dir / "metrics.jsonl")
+    steps = [r for r in records if r.get("kind") == "train" and "sync/bytes" in r and r["sync/version"] > 0]
     if not steps:
         raise typer.BadParameter(f"{run_dir} has no weight-sync records")
     table = Table(title=f"weight sync of {run_dir}")
@@ -184,7 +253,7 @@ def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory."
     for r in steps:
         ratio = r["sync/full_bytes"] / max(r["sync/bytes"], 1)
         table.add_row(
-            str(r["version"]),
+            str(int(r["sync/version"])),
             f"{r['sync/changed_share']:.4%}",
             f"{r['sync/bytes']:,.0f}",
             f"{r['sync/full_bytes']:,.0f}",

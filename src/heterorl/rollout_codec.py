@@ -31,7 +31,12 @@ MAX_HEADER_BYTES = 1 << 16
 
 
 class RolloutError(ValueError):
-    """A rollout group that cannot be decoded or fails validation."""
+    """A rollout group that cannot be decoded or fails validation; `reason` is the counted category:
+    malformed (framing), too_long, out_of_vocab, bad_logprobs, future_version, group_size, bad_rewards, invalid."""
+
+    def __init__(self, message: str, reason: str = "malformed") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,7 @@ def decode_group(data: bytes, limits: GroupLimits) -> RolloutGroup:
     header, offset = _parse_header(data)
     P, G, L = header["P"], header["G"], header["L"]
     if max(P - limits.max_prompt_tokens, L - limits.max_completion_tokens) > 0:
-        raise RolloutError(f"prompt {P} / completion {L} tokens exceed the limits")
+        raise RolloutError(f"prompt {P} / completion {L} tokens exceed the limits", "too_long")
     specs = _array_specs(P, G, L)
     expected = offset + sum(int(np.prod(shape)) * 4 for _, _, shape in specs)
     if len(data) != expected:
@@ -154,22 +159,23 @@ def validate_group(group: RolloutGroup, limits: GroupLimits) -> None:
     """Check a group's content against what the learner accepts; raises RolloutError naming the problem."""
     G = group.completion_ids_GL.shape[0]
     if G < 1 or group.rewards_G.shape != (G,):
-        raise RolloutError(f"group has {G} completions and {tuple(group.rewards_G.shape)} rewards")
+        raise RolloutError(f"group has {G} completions and {tuple(group.rewards_G.shape)} rewards", "invalid")
     if limits.group_size is not None and limits.group_size != G:
-        raise RolloutError(f"group size {G}, the learner expects {limits.group_size}")
+        raise RolloutError(f"group size {G}, the learner expects {limits.group_size}", "group_size")
     if group.prompt_ids_P.numel() < 1:
-        raise RolloutError("empty prompt")
+        raise RolloutError("empty prompt", "invalid")
     for name, ids in (("prompt", group.prompt_ids_P), ("completion", group.completion_ids_GL)):
         if ids.numel() and (ids.min() < 0 or ids.max() >= limits.vocab_size):
-            raise RolloutError(f"{name} token id outside the vocabulary [0, {limits.vocab_size})")
+            raise RolloutError(f"{name} token id outside the vocabulary [0, {limits.vocab_size})", "out_of_vocab")
     mask = group.completion_mask_GL.bool()
     logp = group.behavior_logp_GL[mask]
     if not torch.isfinite(logp).all() or (logp > 0).any():
-        raise RolloutError("behaviour log-probs must be finite and <= 0 on sampled tokens")
+        raise RolloutError("behaviour log-probs must be finite and <= 0 on sampled tokens", "bad_logprobs")
     versions = group.version_GL[mask]
     if versions.numel() and (versions.min() < 0 or versions.max() > limits.current_version):
+        low, high = int(versions.min()), int(versions.max())
         raise RolloutError(
-            f"token versions in [{int(versions.min())}, {int(versions.max())}] are not in [0, {limits.current_version}]"
+            f"token versions in [{low}, {high}] are not in [0, {limits.current_version}]", "future_version"
         )
     if not torch.isfinite(group.rewards_G).all():
-        raise RolloutError("rewards must be finite")
+        raise RolloutError("rewards must be finite", "bad_rewards")

@@ -170,7 +170,8 @@ class SimulatedCluster:
         full = published.numel * self.learner.wire_dtype.itemsize * len(self.nodes)  # raw wire-dtype weights
         self.sync_bytes += sent
         self.sync_full_bytes += full
-        self._version_sync = {
+        self._version_sync = {  # logged with the next learner step, tagged with the version they describe
+            "sync/version": float(published.version),
             "sync/bytes": float(sent),
             "sync/full_bytes": float(full),
             "sync/changed_share": (published.changed or 0) / published.numel if published.changed is not None else 1.0,
