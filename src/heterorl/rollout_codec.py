@@ -15,18 +15,16 @@ with a message saying what; a receiver counts it and carries on.
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from heterorl.framing import frame, non_negative_int, unframe
 from heterorl.rollout import RolloutGroup
 
 MAGIC = b"HRG1"
-_PREFIX = struct.Struct("<4sI")
 MAX_HEADER_BYTES = 1 << 16
 
 
@@ -65,7 +63,6 @@ def encode_group(group: RolloutGroup) -> bytes:
         "created_at": float(group.created_at),
         "finished_at": float(group.finished_at),
     }
-    head = json.dumps(header, separators=(",", ":")).encode()
     values = {
         "prompt_ids": group.prompt_ids_P,
         "completion_ids": group.completion_ids_GL,
@@ -76,7 +73,7 @@ def encode_group(group: RolloutGroup) -> bytes:
     }
     specs = _array_specs(header["P"], G, L)
     body = b"".join(np.ascontiguousarray(values[name].numpy(), dtype=dtype).tobytes() for name, dtype, _ in specs)
-    return _PREFIX.pack(MAGIC, len(head)) + head + body
+    return frame(MAGIC, header, body)
 
 
 def _array_specs(P: int, G: int, L: int) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -91,31 +88,17 @@ def _array_specs(P: int, G: int, L: int) -> list[tuple[str, str, tuple[int, ...]
 
 
 def _parse_header(data: bytes) -> tuple[dict, int]:
-    if len(data) < _PREFIX.size:
-        raise RolloutError(f"message of {len(data)} bytes is shorter than the {_PREFIX.size}-byte prefix")
-    magic, head_len = _PREFIX.unpack_from(data)
-    if magic != MAGIC:
-        raise RolloutError(f"bad magic {magic!r}, expected {MAGIC!r}")
-    if head_len > MAX_HEADER_BYTES or _PREFIX.size + head_len > len(data):
-        raise RolloutError(f"header length {head_len} does not fit a message of {len(data)} bytes")
-    try:
-        header = json.loads(data[_PREFIX.size : _PREFIX.size + head_len].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RolloutError(f"header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise RolloutError("header must be a JSON object")
+    header, offset = unframe(data, MAGIC, MAX_HEADER_BYTES, RolloutError)
     for key, kind in (("group_id", str), ("sampler_id", str), ("prompt", str), ("answer", str)):
         if not isinstance(header.get(key), kind):
             raise RolloutError(f"header field {key!r} missing or not a {kind.__name__}")
     for key in ("P", "G", "L"):
-        value = header.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise RolloutError(f"header field {key!r} must be a non-negative integer, got {value!r}")
+        non_negative_int(header, key, RolloutError)
     for key in ("created_at", "finished_at"):
         value = header.get(key, 0.0)
         if not isinstance(value, int | float) or not math.isfinite(value):
             raise RolloutError(f"header field {key!r} must be a finite number")
-    return header, _PREFIX.size + head_len
+    return header, offset
 
 
 def decode_group(data: bytes, limits: GroupLimits) -> RolloutGroup:

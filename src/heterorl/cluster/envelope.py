@@ -13,14 +13,12 @@ never framed: the service answers 204 instead.
 
 from __future__ import annotations
 
-import json
 import re
-import struct
 
+from heterorl.framing import frame, non_negative_int, unframe
 from heterorl.weights import Update
 
 MAGIC = b"HRLWUPD1"
-_PREFIX = struct.Struct("<8sI")
 MAX_HEADER_BYTES = 4096
 _HASH = re.compile(r"^[0-9a-f]{1,128}$")
 
@@ -42,32 +40,16 @@ def encode_update(update: Update) -> bytes:
         "snapshot_nbytes": len(snapshot),
         "patch_nbytes": len(patch),
     }
-    head = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
-    return _PREFIX.pack(MAGIC, len(head)) + head + snapshot + patch
+    return frame(MAGIC, header, snapshot + patch)
 
 
 def _int_field(header: dict, key: str) -> int:
-    value = header.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise EnvelopeError(f"header field {key!r} must be a non-negative integer, got {value!r}")
-    return value
+    return non_negative_int(header, key, EnvelopeError)
 
 
 def decode_update(data: bytes) -> Update:
     """Parse an envelope into an `Update`; raises EnvelopeError on anything malformed."""
-    if len(data) < _PREFIX.size:
-        raise EnvelopeError(f"envelope of {len(data)} bytes is shorter than its {_PREFIX.size}-byte prefix")
-    magic, head_len = _PREFIX.unpack_from(data)
-    if magic != MAGIC:
-        raise EnvelopeError(f"bad magic {magic!r}, expected {MAGIC!r}")
-    if head_len > MAX_HEADER_BYTES or _PREFIX.size + head_len > len(data):
-        raise EnvelopeError(f"header length {head_len} does not fit an envelope of {len(data)} bytes")
-    try:
-        header = json.loads(data[_PREFIX.size : _PREFIX.size + head_len].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise EnvelopeError(f"header is not valid JSON: {exc}") from None
-    if not isinstance(header, dict):
-        raise EnvelopeError("header must be a JSON object")
+    header, start = unframe(data, MAGIC, MAX_HEADER_BYTES, EnvelopeError)
     version = _int_field(header, "version")
     base_version = None if header.get("base_version") is None else _int_field(header, "base_version")
     n_snap, n_patch = _int_field(header, "snapshot_nbytes"), _int_field(header, "patch_nbytes")
@@ -76,7 +58,6 @@ def decode_update(data: bytes) -> Update:
         raise EnvelopeError(f"header field 'state_hash' must be a hex digest, got {state_hash!r}")
     if (kind, n_snap > 0) not in (("snapshot", True), ("patch", False)) or (kind == "patch" and n_patch == 0):
         raise EnvelopeError(f"kind {kind!r} does not match snapshot {n_snap} / patch {n_patch} bytes")
-    start = _PREFIX.size + head_len
     if len(data) != start + n_snap + n_patch:
         raise EnvelopeError(f"envelope has {len(data)} bytes, its header declares {start + n_snap + n_patch}")
     return Update(
