@@ -260,6 +260,7 @@ def test_parallel_callers_pretrain_a_base_model_once(tmp_path: Path, monkeypatch
         return PretrainResult(str(out), 1, 0.5)
 
     monkeypatch.setattr(heterorl.pretrain, "pretrain", slow_pretrain)
+    monkeypatch.setenv("HETERORL_CACHE", str(tmp_path / "cache"))  # nothing cached yet
     cfg = load_config(SMOKE)
     results: list = []
     threads = [threading.Thread(target=lambda: results.append(ensure_base_model(cfg, False))) for _ in range(2)]
