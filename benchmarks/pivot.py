@@ -44,7 +44,7 @@ def run_stat(run: Path, stat: str) -> float:
 
 def label(value: Any) -> str:
     if isinstance(value, dict):
-        return ",".join(f"{k}={v}" for k, v in value.items())
+        return ",".join(f"{k}={v}" for k, v in value.items() if k != "kind")
     return "null" if value is None else str(value)
 
 
@@ -62,7 +62,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("root", type=Path)
     parser.add_argument("--rows", required=True)
-    parser.add_argument("--cols", required=True)
+    parser.add_argument("--cols", required=True, help="one key, or several comma-separated keys")
     parser.add_argument("--stat", default="accuracy_best")
     parser.add_argument("--percent", action="store_true", help="show fractions as percentages")
     parser.add_argument("--fmt", default=".3g")
@@ -72,7 +72,9 @@ def main() -> None:
     cols: list[str] = []
     for run in sorted(p.parent for p in args.root.glob("*/summary.json")):
         config = yaml.safe_load((run / "config.yaml").read_text())
-        r, c = label(lookup(config, args.rows)), label(lookup(config, args.cols))
+        r = label(lookup(config, args.rows))
+        c = " ".join(f"{k.split('.')[-1]}={label(lookup(config, k))}" for k in args.cols.split(","))
+        c = c.split("=", 1)[1] if "," not in args.cols else c  # one key: just its value
         rows += [r] if r not in rows else []
         cols += [c] if c not in cols else []
         cells[r, c].append(run_stat(run, args.stat))
