@@ -48,6 +48,28 @@ def label(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
+def bar_chart(table: dict[str, list[float]], columns: list[str], ylabel: str, path: Path) -> None:
+    """One group of bars per column, one bar (colour) per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    x = np.arange(len(columns))
+    width = 0.8 / max(len(table), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.7 * len(columns)), 4), dpi=100)
+    for i, (row, values) in enumerate(table.items()):
+        ax.bar(x + (i - (len(table) - 1) / 2) * width, values, width, label=row)
+    ax.set_xticks(x, columns)
+    ax.set_ylabel(ylabel)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(ncols=min(len(table), 5), fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def order(text: str) -> tuple[int, float | str]:
     """null first, then numbers ascending, then the rest alphabetically."""
     if text == "null":
@@ -66,6 +88,9 @@ def main() -> None:
     parser.add_argument("--stat", default="accuracy_best")
     parser.add_argument("--percent", action="store_true", help="show fractions as percentages")
     parser.add_argument("--fmt", default=".3g")
+    parser.add_argument("--bar", type=Path, default=None, help="also draw the table as a grouped bar chart (PNG)")
+    parser.add_argument("--col-labels", default=None, help="comma-separated display names of the columns")
+    parser.add_argument("--title", default=None)
     args = parser.parse_args()
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     rows: list[str] = []
@@ -88,6 +113,12 @@ def main() -> None:
             v = cells.get((r, c))
             values.append(f"{statistics.mean(v) * scale:{args.fmt}} (n={len(v)})" if v else "-")
         print(f"| {r} | " + " | ".join(values) + " |")
+    if args.bar is not None:
+        names = args.col_labels.split(",") if args.col_labels else cols
+        table = {
+            r: [statistics.mean(cells[r, c]) * scale if cells.get((r, c)) else float("nan") for c in cols] for r in rows
+        }
+        bar_chart(table, names, args.title or args.stat, args.bar)
 
 
 if __name__ == "__main__":
