@@ -94,3 +94,13 @@ def test_base_model_is_cached(tmp_path: Path) -> None:
     assert second.cached
     assert second.path == first.path
     assert (Path(second.path) / "tokenizer.json").is_file()
+
+
+def test_optional_sinks_are_written_by_the_run(tiny_model_dir: Path, tmp_path: Path, monkeypatch) -> None:
+    from conftest import tiny_config
+
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = tiny_config(tiny_model_dir, "learner.steps=2", "metrics.tensorboard=true", "metrics.wandb=true")
+    execute(cfg, tmp_path / "run", show_progress=False)
+    assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))

@@ -342,6 +342,14 @@ class EvalConfig(Strict):
     every: int = Field(20, ge=1, description="Learner steps between held-out greedy evaluations.")
 
 
+class MetricsConfig(Strict):
+    """Metric sinks besides metrics.jsonl (always written), filled from it when the run ends."""
+
+    tensorboard: bool = Field(False, description="Write TensorBoard event files to <run_dir>/tensorboard.")
+    wandb: bool = Field(False, description="Log an offline W&B run under <run_dir>/wandb (`wandb sync` later).")
+    wandb_project: str = Field("heterorl", min_length=1, description="W&B project name.")
+
+
 # --- network
 class FixedDelay(Strict):
     kind: Literal["fixed"] = "fixed"
@@ -517,6 +525,7 @@ class RunConfig(Strict):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     objective: ObjectiveConfig = Field(default_factory=GRPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     live: LiveConfig = Field(default_factory=LiveConfig)

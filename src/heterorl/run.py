@@ -114,7 +114,19 @@ class RunRecorder:
             **extra,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self._export_sinks()
         return summary
+
+    def _export_sinks(self) -> None:
+        """The optional sinks (TensorBoard, offline W&B), written from the complete metrics.jsonl."""
+        sinks = self.cfg.metrics
+        if sinks.tensorboard or sinks.wandb:
+            from heterorl.report import tensorboard_export, wandb_export
+
+            if sinks.tensorboard:
+                tensorboard_export(self.run_dir)
+            if sinks.wandb:
+                wandb_export(self.run_dir, project=sinks.wandb_project)
 
 
 def prepare_run_dir(cfg: RunConfig, run_dir: str | Path) -> Path:
