@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from heterorl.cluster.journal import frame, parse_records
+from heterorl.cluster.journal import frame, fsync_path, parse_records
 from heterorl.learner import Learner
 
 STATE_FORMAT = 1
@@ -156,7 +156,7 @@ def save_learner_state(learner: Learner, root: str | Path, *, queue: list[bytes]
     (tmp / "state.json").write_text(json.dumps(meta))
     _fsync_tree(tmp)
     tmp.rename(final)
-    _fsync_path(root)
+    fsync_path(root)
     for _, old in existing:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -176,17 +176,9 @@ def restore_learner_state(learner: Learner, path: str | Path) -> SavedState:
     return SavedState(path=path, version=learner.version, queue=queue, extra=meta["extra"])
 
 
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _fsync_tree(root: Path) -> None:
     """fsync every file and directory below `root` (so the rename publishes data that is on disk)."""
     for dirpath, _, filenames in os.walk(root):
         for name in filenames:
-            _fsync_path(Path(dirpath) / name)
-        _fsync_path(Path(dirpath))
+            fsync_path(Path(dirpath) / name)
+        fsync_path(Path(dirpath))

@@ -79,7 +79,7 @@ class Journal:
     def _open(self, index: int) -> BinaryIO:
         f = (self.directory / _segment_name(index)).open("ab")
         if self.fsync:
-            _fsync_dir(self.directory)
+            fsync_path(self.directory)
         return f
 
     def append(self, payload: bytes) -> None:
@@ -112,9 +112,9 @@ class Journal:
         self._file.close()
 
 
-def _fsync_dir(directory: Path) -> None:
-    """Make a new or renamed directory entry durable (POSIX: fsync the directory)."""
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Flush a file, or a directory's entries (a new or renamed name is durable only then, on POSIX), to disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
