@@ -150,8 +150,10 @@ def execute(cfg: RunConfig, run_dir: str | Path, show_progress: bool = True) -> 
         recorder.evaluate(step=0, clock_time=0.0)
         cluster = SimulatedCluster(cfg, learner, samplers, recorder.on_step)
         cluster.run()
-    extra = {"base_model": str(base), "pretrain": pretrain_info, **cluster.summary()}
-    summary = recorder.finish(extra)
-    summary["wall_seconds"] = time.monotonic() - wall_start
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    extra = {
+        "base_model": str(base),
+        "pretrain": pretrain_info,
+        **cluster.summary(),
+        "wall_seconds": time.monotonic() - wall_start,
+    }
+    return recorder.finish(extra)

@@ -38,6 +38,7 @@ from heterorl.learner import Learner
 from heterorl.network import Link, bandwidth_seconds
 from heterorl.policy import run_process
 from heterorl.rollout import RolloutGroup
+from heterorl.rollout_codec import encode_group
 from heterorl.sampler import Sampler
 from heterorl.weights import Update, WeightReceiver
 
@@ -84,19 +85,6 @@ class SamplerNode:
     @property
     def name(self) -> str:
         return self.sampler.sampler_id
-
-
-def wire_nbytes(group: RolloutGroup) -> int:
-    """Bytes of a group on the wire: its tensors plus prompt and answer text."""
-    tensors = (
-        group.prompt_ids_P,
-        group.completion_ids_GL,
-        group.completion_mask_GL,
-        group.behavior_logp_GL,
-        group.version_GL,
-        group.rewards_G,
-    )
-    return sum(t.numel() * t.element_size() for t in tensors) + len(group.prompt) + len(group.answer) + 64
 
 
 class SimulatedCluster:
@@ -249,7 +237,7 @@ class SimulatedCluster:
         node.tokens += tokens
         for g in groups:
             g.created_at, g.finished_at = node.started_at, self.loop.now
-            arrival = node.rollout_path.send(self.loop.now, wire_nbytes(g))
+            arrival = node.rollout_path.send(self.loop.now, len(encode_group(g)))  # the real wire size
             self.loop.schedule(arrival, self._group_arrives, g, label=f"group {g.group_id}")
         self._apply_inbox(node)
         self._maybe_generate(node)
