@@ -1,0 +1,110 @@
+"""Run configuration: one pydantic model per component, composed into `RunConfig`.
+
+This package must not import torch (the CLI parses configs before loading heavy modules). Every field has a
+description and bounds; unknown keys are rejected; cross-field rules live in validators. Choices between
+implementations (objective, task, delay model, engine) are discriminated unions keyed by `name` / `kind`, so an
+unknown name fails when the config is parsed, with a message naming the field.
+
+One module per area; everything is re-exported here, so `from heterorl.config import X` is the one import path.
+"""
+
+from heterorl.config.base import ConfigError, Strict
+from heterorl.config.cluster import ClusterConfig, LiveConfig, SamplerNodeConfig, WeightsConfig
+from heterorl.config.model import LoraConfig, ModelConfig
+from heterorl.config.network import (
+    DelayConfig,
+    ExponentialDelay,
+    FaultConfig,
+    FixedDelay,
+    LinkConfig,
+    LogNormalDelay,
+    UniformDelay,
+    WeibullDelay,
+)
+from heterorl.config.objectives import (
+    AGGREGATION_HELP,
+    OBJECTIVE_CONFIGS,
+    Aggregation,
+    DecoupledPPOConfig,
+    DGConfig,
+    GEPOConfig,
+    GRPOConfig,
+    GSPOConfig,
+    ISPGConfig,
+    ObjectiveConfig,
+    PGConfig,
+)
+from heterorl.config.run import (
+    RunConfig,
+    apply_overrides,
+    config_to_yaml,
+    load_config,
+    parse_override,
+    read_yaml_mapping,
+)
+from heterorl.config.tasks import (
+    MATH_PROMPT_TEMPLATE,
+    REWARD_PATTERN,
+    AdditionTaskConfig,
+    GymTaskConfig,
+    MathTaskConfig,
+    ReversalTaskConfig,
+    TaskConfig,
+)
+from heterorl.config.training import (
+    EvalConfig,
+    FrictionConfig,
+    LearnerConfig,
+    MetricsConfig,
+    PretrainConfig,
+    SamplerConfig,
+)
+
+__all__ = [
+    "AGGREGATION_HELP",
+    "MATH_PROMPT_TEMPLATE",
+    "OBJECTIVE_CONFIGS",
+    "REWARD_PATTERN",
+    "AdditionTaskConfig",
+    "Aggregation",
+    "ClusterConfig",
+    "ConfigError",
+    "DGConfig",
+    "DecoupledPPOConfig",
+    "DelayConfig",
+    "EvalConfig",
+    "ExponentialDelay",
+    "FaultConfig",
+    "FixedDelay",
+    "FrictionConfig",
+    "GEPOConfig",
+    "GRPOConfig",
+    "GSPOConfig",
+    "GymTaskConfig",
+    "ISPGConfig",
+    "LearnerConfig",
+    "LinkConfig",
+    "LiveConfig",
+    "LogNormalDelay",
+    "LoraConfig",
+    "MathTaskConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "ObjectiveConfig",
+    "PGConfig",
+    "PretrainConfig",
+    "ReversalTaskConfig",
+    "RunConfig",
+    "SamplerConfig",
+    "SamplerNodeConfig",
+    "Strict",
+    "TaskConfig",
+    "UniformDelay",
+    "WeibullDelay",
+    "WeightsConfig",
+    "apply_overrides",
+    "config_to_yaml",
+    "load_config",
+    "parse_override",
+    "read_yaml_mapping",
+]

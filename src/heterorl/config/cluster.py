@@ -1,0 +1,101 @@
+"""Who runs where: sampler nodes, staleness control, weight transport, and the live cluster's service."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from heterorl.config.base import Strict
+from heterorl.config.network import LinkConfig
+
+
+class SamplerNodeConfig(Strict):
+    """One sampler machine of the cluster."""
+
+    name: str | None = Field(None, description="Identifier; defaults to sampler-<index>.")
+    tokens_per_second: float = Field(2000.0, gt=0.0, description="Generation speed (virtual time).")
+    link: LinkConfig = Field(default_factory=LinkConfig, description="Its link to the learner.")
+
+
+class ClusterConfig(Strict):
+    """Who runs where, at which speed, and how staleness is controlled."""
+
+    mode: Literal["sync", "async"] = Field("sync", description="sync: samplers always hold the newest weights.")
+    samplers: list[SamplerNodeConfig] = Field(
+        default_factory=lambda: [SamplerNodeConfig()], min_length=1, description="Sampler nodes."
+    )
+    learner_step_seconds: float = Field(1.0, ge=0.0, description="Virtual cost of one learner step (s).")
+    learner_seconds_per_token: float = Field(0.0, ge=0.0, description="Extra virtual cost per trained token (s).")
+    max_staleness: int | None = Field(None, ge=0, description="HeteroRL window: drop groups older than this.")
+    eta: int | None = Field(None, ge=0, description="AReaL admission bound on versions ahead; 0 = synchronous.")
+
+
+# --- weights
+class WeightsConfig(Strict):
+    """How weights travel from the learner to samplers."""
+
+    codec: Literal["full", "pulse"] = Field("pulse", description="full state dicts or PULSE sparse patches.")
+    wire_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Samplers' weight dtype.")
+    snapshot_every: int = Field(10, ge=1, description="Publish a full snapshot every K versions.")
+    max_chain: int = Field(16, ge=1, description="Longest patch chain served before a snapshot is preferred.")
+    retain: int = Field(64, ge=1, description="Versions kept in the store.")
+    zstd_level: int = Field(1, ge=-7, le=22, description="zstd level of patch payloads.")
+    overlap: bool = Field(True, description="Publish in a worker thread while the next learner step runs.")
+
+
+# --- live cluster
+class LiveConfig(Strict):
+    """The live cluster: the learner's HTTP service, the sampler clients, durability and the local launcher.
+
+    Only `heterorl learner`, `heterorl sampler` and `heterorl run --live` read this section; the simulated
+    cluster ignores it. Defaults suit a learner and samplers on one host or a LAN; see docs/deployment.md.
+    """
+
+    token_env: str = Field(
+        "HETERORL_TOKEN", pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Environment variable with the token."
+    )
+    token_file: str | None = Field(
+        None, min_length=1, description="File holding the bearer token; read before `token_env` when set."
+    )
+    max_body_bytes: int = Field(
+        16 * 2**20, ge=1024, le=2**31, description="Largest rollout POST body the learner reads; larger -> 413."
+    )
+    max_queued_groups: int = Field(
+        4096, ge=1, le=10_000_000, description="Groups waiting for the learner before POSTs get 503 (backpressure)."
+    )
+    poll_seconds: float = Field(
+        5.0, ge=0.0, le=300.0, description="Longest long-poll of GET /v1/weights when the sampler is current."
+    )
+    connected_seconds: float = Field(
+        30.0, gt=0.0, le=86_400.0, description="A sampler heard from within this many seconds counts as connected."
+    )
+    checkpoint_every: int = Field(
+        10, ge=1, le=1_000_000, description="Learner steps between durable learner-state checkpoints."
+    )
+    fsync: bool = Field(True, description="fsync every journaled group before acknowledging it (power-loss safety).")
+    emulate_links: bool = Field(
+        False, description="Samplers apply their node's link delays, bandwidth and faults for real (experiments)."
+    )
+    request_timeout_s: float = Field(
+        120.0, gt=0.0, le=3600.0, description="Sampler: timeout of one request (a long-poll adds poll_seconds)."
+    )
+    backoff_initial_s: float = Field(0.2, gt=0.0, le=60.0, description="Sampler: first delay before a retry.")
+    backoff_max_s: float = Field(
+        10.0, gt=0.0, le=3600.0, description="Sampler: cap of the retry delay (doubles per failure, with jitter)."
+    )
+    patience_s: float = Field(
+        600.0, gt=0.0, le=604_800.0, description="Sampler: give up after this long without reaching the learner."
+    )
+    linger_s: float = Field(
+        5.0, ge=0.0, le=600.0, description="Learner: keep answering this long after the last step (samplers see it)."
+    )
+    startup_timeout_s: float = Field(
+        600.0, gt=0.0, le=86_400.0, description="run --live: longest wait for the learner to start listening."
+    )
+
+    @model_validator(mode="after")
+    def _backoff_order(self) -> LiveConfig:
+        if self.backoff_initial_s > self.backoff_max_s:
+            raise ValueError(f"backoff_initial_s {self.backoff_initial_s} > backoff_max_s {self.backoff_max_s}")
+        return self

@@ -1,0 +1,121 @@
+"""The whole run: every section composed into `RunConfig`, and its loading from YAML plus `--set` overrides."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+from heterorl.config.base import ConfigError, Strict
+from heterorl.config.cluster import ClusterConfig, LiveConfig, WeightsConfig
+from heterorl.config.model import ModelConfig
+from heterorl.config.objectives import GRPOConfig, ObjectiveConfig
+from heterorl.config.tasks import AdditionTaskConfig, TaskConfig
+from heterorl.config.training import EvalConfig, LearnerConfig, MetricsConfig, PretrainConfig, SamplerConfig
+
+
+class RunConfig(Strict):
+    """Everything a run needs; written, resolved, into the run directory."""
+
+    seed: int = Field(0, ge=0, description="Seed of every random stream in the run.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=AdditionTaskConfig)
+    pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    objective: ObjectiveConfig = Field(default_factory=GRPOConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    live: LiveConfig = Field(default_factory=LiveConfig)
+
+    @model_validator(mode="after")
+    def _eta_needs_async(self) -> RunConfig:
+        if self.cluster.mode == "sync" and (self.cluster.eta or self.cluster.max_staleness):
+            raise ValueError("cluster.eta / cluster.max_staleness only apply to cluster.mode 'async'")
+        return self
+
+
+# --- loading
+def _format_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a","b","c"], value); the value is parsed as YAML (numbers, bools, lists, null)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like dotted.key=value")
+    key, raw = item.split("=", 1)
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from exc
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted overrides to a raw config dict; list items are addressed by index (`cluster.samplers.0.x`)."""
+    for item in overrides:
+        path, value = parse_override(item)
+        node: Any = data
+        for i, part in enumerate(path[:-1]):
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(f"override {item!r}: {'.'.join(path[: i + 1])} is not a valid list index")
+                node = node[int(part)]
+            else:
+                node = node.setdefault(part, {})
+            if not isinstance(node, dict | list):
+                raise ConfigError(f"override {item!r}: {'.'.join(path[: i + 1])} is not a section")
+        last = path[-1]
+        if isinstance(node, list):
+            if not last.isdigit() or int(last) >= len(node):
+                raise ConfigError(f"override {item!r}: {last!r} is not a valid list index")
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return data
+
+
+def read_yaml_mapping(path: str | Path, error: type[ValueError] = ConfigError) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping (an empty file gives {}); `error` names the file and the problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise error(f"file not found: {p}")
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise error(f"{p}: not valid YAML ({exc})") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise error(f"{p}: the top level must be a mapping")
+    return loaded or {}
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a YAML config (or the defaults), apply `--set` overrides, validate; errors name the field."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = read_yaml_mapping(path)
+        # a JSON round trip gives every YAML alias (&anchor / *ref) its own copy, so an override of one
+        # list item never silently changes the items that shared the anchor
+        data = json.loads(json.dumps(loaded))
+    data = apply_overrides(data, overrides or [])
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc)) from None
+
+
+def config_to_yaml(cfg: BaseModel) -> str:
+    """The resolved config as YAML (round-trips through `load_config`)."""
+    return yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False)

@@ -1,0 +1,95 @@
+"""Sampler, learner, warm start, evaluation and metric sinks."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from heterorl.config.base import Strict
+
+
+class FrictionConfig(Strict):
+    """Delightful Distributed PG's frictions, injected by samplers for experiments (all off by default)."""
+
+    actor_bug: float = Field(0.0, ge=0.0, le=1.0, description="Probability a completion becomes the landmine.")
+    landmine: str = Field("zzzz", min_length=1, description="The fixed wrong completion an actor bug emits.")
+    rare_discovery: float = Field(0.0, ge=0.0, le=1.0, description="Probability a completion becomes the answer.")
+    reward_corruption: float = Field(
+        0.0, ge=0.0, le=1.0, description="Probability a reward is replaced by a uniform draw from {0, 1}."
+    )
+    logit_noise: float = Field(0.0, ge=0.0, description="Std of Gaussian noise on the sampler's logits.")
+
+
+class SamplerConfig(Strict):
+    """How completions are drawn. Log-probs are always those of the distribution actually sampled from."""
+
+    group_size: int = Field(8, ge=2, le=1024, description="G: completions per prompt.")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Softmax temperature.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 disables.")
+    max_new_tokens: int = Field(16, ge=1, le=4096, description="Completion length limit.")
+    interruptible: bool = Field(False, description="AReaL: weights arriving mid-generation apply to later tokens.")
+    frictions: FrictionConfig = Field(default_factory=FrictionConfig, description="Injected actor faults.")
+
+
+class LearnerConfig(Strict):
+    """Optimizer and batch shape of the learner (fp32 master weights, AdamW)."""
+
+    steps: int = Field(100, ge=1, description="Learner steps (batches) to run; one weight version per step.")
+    groups_per_step: int = Field(16, ge=1, description="Rollout groups (prompts) per learner step.")
+    updates_per_batch: int = Field(1, ge=1, description="Optimizer steps per batch (minibatches of the batch).")
+    micro_batch_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Dynamic batching: accumulate over micro-batches of whole groups under this many tokens.",
+    )
+    autocast_bf16: bool = Field(False, description="Run the learner's forward pass under bf16 autocast (GPU).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay.")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
+    beta2: float = Field(0.99, ge=0.0, lt=1.0, description="AdamW beta2.")
+    adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
+    grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
+    schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Decay after warm-up.")
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Final lr / peak lr for cosine and linear.")
+
+    @model_validator(mode="after")
+    def _minibatches(self) -> LearnerConfig:
+        if self.groups_per_step % self.updates_per_batch:
+            raise ValueError(
+                f"groups_per_step {self.groups_per_step} must be divisible by updates_per_batch "
+                f"{self.updates_per_batch}"
+            )
+        return self
+
+
+class PretrainConfig(Strict):
+    """Supervised warm start that yields a partly competent base model for RL."""
+
+    max_steps: int = Field(2000, ge=1, description="Upper bound on supervised steps.")
+    batch_size: int = Field(64, ge=1, description="Examples per supervised step.")
+    lr: float = Field(3e-3, gt=0.0, description="AdamW learning rate.")
+    warmup_steps: int = Field(100, ge=0, description="Linear learning-rate warm-up (stabilises the first steps).")
+    target_accuracy: float = Field(
+        0.45,
+        gt=0.0,
+        le=1.0,
+        description="Stop once held-out greedy accuracy reaches this (a partly competent base).",
+    )
+    eval_every: int = Field(25, ge=1, description="Steps between accuracy checks.")
+    eval_size: int = Field(128, ge=1, description="Held-out prompts for the accuracy checks.")
+
+
+class EvalConfig(Strict):
+    every: int = Field(20, ge=1, description="Learner steps between held-out greedy evaluations.")
+
+
+class MetricsConfig(Strict):
+    """Metric sinks besides metrics.jsonl (always written), filled from it when the run ends."""
+
+    tensorboard: bool = Field(False, description="Write TensorBoard event files to <run_dir>/tensorboard.")
+    wandb: bool = Field(False, description="Log an offline W&B run under <run_dir>/wandb (`wandb sync` later).")
+    wandb_project: str = Field("heterorl", min_length=1, description="W&B project name.")
