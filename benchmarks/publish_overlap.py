@@ -35,7 +35,9 @@ def run(overlap: bool, args: argparse.Namespace) -> tuple[list[float], float, li
     )
     cfg = load_config(None, [f"weights.overlap={str(overlap).lower()}", "learner.groups_per_step=8", "learner.lr=1e-5"])
     learner = Learner(Policy.from_config(model_cfg, seed=0), cfg)
-    sampler = Sampler("s", Policy.from_config(model_cfg, seed=0), make_task(cfg.task), learner.params, 8, seed=0)
+    sampler = Sampler.from_policy(
+        "s", Policy.from_config(model_cfg, seed=0), make_task(cfg.task), learner.params, 8, seed=0
+    )
     sampler.load_weights(0, learner.export_weights())
     batches = [sampler.generate_groups(8) for _ in range(args.steps + 1)]
     publisher = BackgroundPublisher(cfg.weights)

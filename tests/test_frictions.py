@@ -14,15 +14,15 @@ def _sampler(model_dir: Path, frictions: FrictionConfig, seed: int = 0, noise: f
     policy = Policy.load(model_dir)
     task = make_task(ReversalTaskConfig(alphabet="ab", min_length=3, max_length=5))
     params = SamplingParams(max_new_tokens=6, logit_noise=noise)
-    sampler = Sampler("s", policy, task, params, group_size=4, seed=seed, frictions=frictions)
+    sampler = Sampler.from_policy("s", policy, task, params, group_size=4, seed=seed, frictions=frictions)
     sampler.load_weights(0, dict(policy.model.named_parameters()))
     return sampler
 
 
 def _teacher_forced(sampler: Sampler, group) -> torch.Tensor:
-    ids, mask = sampler.policy.encode_prompts([group.prompt] * group.size)
+    ids, mask = sampler.engine.policy.encode_prompts([group.prompt] * group.size)
     with torch.no_grad():
-        return sampler.policy.token_logprobs(
+        return sampler.engine.policy.token_logprobs(
             ids, mask, group.completion_ids_GL, group.completion_mask_GL, SamplingParams(max_new_tokens=6)
         )
 
@@ -30,7 +30,7 @@ def _teacher_forced(sampler: Sampler, group) -> torch.Tensor:
 def test_actor_bugs_emit_the_landmine_scored_by_the_sampler_policy(tiny_model_dir: Path) -> None:
     sampler = _sampler(tiny_model_dir, FrictionConfig(actor_bug=1.0, landmine="zzz"))
     for g in sampler.generate_groups(3):
-        texts = sampler.policy.decode_completions(g.completion_ids_GL, g.completion_mask_GL)
+        texts = sampler.engine.policy.decode_completions(g.completion_ids_GL, g.completion_mask_GL)
         assert texts == ["zzz"] * 4
         assert (g.rewards_G == 0).all()
         assert torch.allclose(g.behavior_logp_GL, _teacher_forced(sampler, g), atol=1e-5)
@@ -40,7 +40,7 @@ def test_actor_bugs_emit_the_landmine_scored_by_the_sampler_policy(tiny_model_di
 def test_rare_discovery_injects_the_correct_answer(tiny_model_dir: Path) -> None:
     sampler = _sampler(tiny_model_dir, FrictionConfig(rare_discovery=1.0))
     for g in sampler.generate_groups(3):
-        texts = sampler.policy.decode_completions(g.completion_ids_GL, g.completion_mask_GL)
+        texts = sampler.engine.policy.decode_completions(g.completion_ids_GL, g.completion_mask_GL)
         assert texts == [g.answer] * 4
         assert (g.rewards_G == 1).all()
         assert torch.allclose(g.behavior_logp_GL, _teacher_forced(sampler, g), atol=1e-5)
@@ -52,7 +52,7 @@ def test_partial_rates_replace_about_that_share(tiny_model_dir: Path) -> None:
     landmines = sum(
         t == "zzzz"
         for g in groups
-        for t in sampler.policy.decode_completions(g.completion_ids_GL, g.completion_mask_GL)
+        for t in sampler.engine.policy.decode_completions(g.completion_ids_GL, g.completion_mask_GL)
     )
     assert 30 <= landmines <= 70  # 200 completions at p = 0.25 (expected 50, 4 sigma ~ 24)
 

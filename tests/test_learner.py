@@ -14,7 +14,9 @@ from heterorl.tasks import make_task
 def _setup(model_dir: Path, *overrides: str):
     cfg = tiny_config(model_dir, *overrides)
     learner = Learner(Policy.load(model_dir), cfg)
-    sampler = Sampler("s", Policy.load(model_dir), make_task(cfg.task), SamplingParams.from_config(cfg.sampler), 4, 0)
+    sampler = Sampler.from_policy(
+        "s", Policy.load(model_dir), make_task(cfg.task), SamplingParams.from_config(cfg.sampler), 4, 0
+    )
     sampler.load_weights(0, learner.export_weights())
     return cfg, learner, sampler
 
@@ -74,7 +76,7 @@ def test_export_is_the_bf16_view_of_the_fp32_master(tiny_model_dir: Path) -> Non
 
 def test_sampler_loads_exactly_the_published_bits(tiny_model_dir: Path) -> None:
     _, learner, sampler = _setup(tiny_model_dir)
-    for name, p in sampler.policy.model.named_parameters():
+    for name, p in sampler.engine.policy.model.named_parameters():
         assert torch.equal(p.detach(), learner.export_weights()[name].float())
 
 

@@ -15,7 +15,9 @@ from heterorl.tasks import make_task
 
 
 def _groups(model_dir: Path, cfg, n: int = 6):
-    sampler = Sampler("s", Policy.load(model_dir), make_task(cfg.task), SamplingParams(max_new_tokens=5), 4, seed=1)
+    sampler = Sampler.from_policy(
+        "s", Policy.load(model_dir), make_task(cfg.task), SamplingParams(max_new_tokens=5), 4, seed=1
+    )
     sampler.load_weights(0, dict(Policy.load(model_dir).model.named_parameters()))
     groups = sampler.generate_groups(n)
     for i, g in enumerate(groups):

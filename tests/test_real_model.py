@@ -98,8 +98,8 @@ def test_math_run_with_math_verify_rewards(qwen_dir: Path, tmp_path: Path) -> No
 def test_prompts_are_wrapped_by_the_chat_template(qwen_dir: Path) -> None:
     cfg = math_config(qwen_dir)
     sampler = make_sampler(cfg, str(qwen_dir), 0)
-    ids, mask = sampler.policy.encode_prompts(["Solve for x: 4x + 7 = 31."])
-    text = sampler.policy.tokenizer.decode(ids[0][mask[0].bool()])
+    ids, mask = sampler.engine.policy.encode_prompts(["Solve for x: 4x + 7 = 31."])
+    text = sampler.engine.policy.tokenizer.decode(ids[0][mask[0].bool()])
     assert text.startswith("<|user|>")
     assert text.endswith("<|assistant|>")
 
@@ -141,11 +141,11 @@ def test_lora_publishes_only_adapter_tensors(qwen_dir: Path, reward_module: str)
     assert node.receiver.apply(cluster.publisher.store.update_for(*node.receiver.held()))  # catch up to the newest
     node.sampler.load_weights(node.receiver.version, node.receiver.weights)
     assert node.sampler.version == cluster.learner.version
-    sampler_params = dict(node.sampler.policy.model.named_parameters())
+    sampler_params = dict(node.sampler.engine.policy.model.named_parameters())
     for name, t in cluster.learner.export_weights().items():
         assert torch.equal(sampler_params[name].detach(), t.float())
     base = AutoModelForCausalLM.from_pretrained(qwen_dir)
-    q = node.sampler.policy.model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
+    q = node.sampler.engine.policy.model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
     assert torch.equal(q, base.model.layers[0].self_attn.q_proj.weight)
 
 

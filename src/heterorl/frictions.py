@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from heterorl.config import FrictionConfig
-from heterorl.policy import Generation, Policy, SamplingParams
+from heterorl.engines.base import RolloutEngine
+from heterorl.policy import Generation, SamplingParams, TextFormat
 from heterorl.tasks import Problem
 
 
@@ -31,9 +32,14 @@ class FrictionInjector:
         return torch.rand(n, generator=self.generator) < p
 
     def replace_completions(
-        self, policy: Policy, gen: Generation, problems_N: list[Problem], params: SamplingParams
+        self,
+        text: TextFormat,
+        engine: RolloutEngine,
+        gen: Generation,
+        problems_N: list[Problem],
+        params: SamplingParams,
     ) -> Generation:
-        """Swap some completions for the landmine or the answer; their log-probs are re-scored by `policy`."""
+        """Swap some completions for the landmine or the answer; their log-probs are re-scored by the engine."""
         N = len(problems_N)
         bug = self._draw(N, self.cfg.actor_bug)
         discovery = self._draw(N, self.cfg.rare_discovery) & ~bug
@@ -42,24 +48,22 @@ class FrictionInjector:
             return gen
         self.counts["actor_bug"] += int(bug.sum())
         self.counts["rare_discovery"] += int(discovery.sum())
-        tok = policy.tokenizer
         texts = {i: self.cfg.landmine if bug[i] else problems_N[i].answer for i in rows}
-        ids = {i: [*tok(t, add_special_tokens=False)["input_ids"], policy.eos_id] for i, t in texts.items()}
+        ids = {i: text.encode_completion(t) for i, t in texts.items()}
         L = max(gen.completion_ids_NL.shape[1], *(len(v) for v in ids.values()))
         pad = L - gen.completion_ids_NL.shape[1]
-        comp = torch.nn.functional.pad(gen.completion_ids_NL, (0, pad), value=policy.pad_id)
+        comp = torch.nn.functional.pad(gen.completion_ids_NL, (0, pad), value=text.pad_id)
         mask = torch.nn.functional.pad(gen.completion_mask_NL, (0, pad), value=0)
         versions = torch.nn.functional.pad(gen.version_NL, (0, pad), value=int(gen.version_NL.max()))
         logp = torch.nn.functional.pad(gen.logp_NL, (0, pad), value=0.0)
         for i, seq in ids.items():
-            comp[i], mask[i] = policy.pad_id, 0
+            comp[i], mask[i] = text.pad_id, 0
             comp[i, : len(seq)] = torch.tensor(seq, device=comp.device)
             mask[i, : len(seq)] = 1
             versions[i] = int(gen.version_NL[i].max())
         r = torch.tensor(rows, device=comp.device)
-        with torch.no_grad():
-            clean = SamplingParams(params.temperature, params.top_k, params.top_p, L)
-            logp[r] = policy.token_logprobs(gen.prompt_ids_NP[r], gen.prompt_mask_NP[r], comp[r], mask[r], clean)
+        clean = SamplingParams(params.temperature, params.top_k, params.top_p, L)
+        logp[r] = engine.score(gen.prompt_ids_NP[r], gen.prompt_mask_NP[r], comp[r], mask[r], clean)
         return Generation(gen.prompt_ids_NP, gen.prompt_mask_NP, comp, mask, logp, versions)
 
     def corrupt_rewards(self, rewards_N: torch.Tensor) -> torch.Tensor:

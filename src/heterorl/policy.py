@@ -124,6 +124,47 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+class TextFormat:
+    """The text side of a policy: prompts (each a user turn of the chat template when asked) -> left-padded ids,
+    completion ids -> texts. Samplers need only this and an engine; the model may live elsewhere (vLLM)."""
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, chat_template: bool = False) -> None:
+        if chat_template and not getattr(tokenizer, "chat_template", None):
+            raise ValueError("task.chat_template is true but the tokenizer has no chat template")
+        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer needs a pad token and an eos token")
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.pad_id: int = tokenizer.pad_token_id
+        self.eos_id: int = tokenizer.eos_token_id
+
+    def encode_prompts(
+        self, prompts: list[str], device: torch.device | str = "cpu"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids [N, P] and attention mask [N, P] (each prompt a user turn if chat_template)."""
+        if self.chat_template:
+            prompts = [
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+                )
+                for p in prompts
+            ]
+        enc = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+    def encode_completion(self, text: str) -> list[int]:
+        """The ids of `text` followed by end-of-sequence: how a completion of that text is tokenized."""
+        return [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.eos_id]
+
+    def decode_completions(self, completion_ids_NL: torch.Tensor, completion_mask_NL: torch.Tensor) -> list[str]:
+        """Completion texts, without end-of-sequence and padding."""
+        texts = []
+        for ids, m in zip(completion_ids_NL.tolist(), completion_mask_NL.tolist(), strict=True):
+            kept = [t for t, keep in zip(ids, m, strict=True) if keep and t != self.eos_id]
+            texts.append(self.tokenizer.decode(kept, skip_special_tokens=True))
+        return texts
+
+
 class Policy:
     """A causal LM and its tokenizer on one device."""
 
@@ -134,16 +175,13 @@ class Policy:
         device: torch.device,
         chat_template: bool = False,
     ) -> None:
+        self.text = TextFormat(tokenizer, chat_template)
         self.model = model.to(device)
         self.tokenizer = tokenizer
         self.device = device
         self.chat_template = chat_template
-        if chat_template and not getattr(tokenizer, "chat_template", None):
-            raise ValueError("task.chat_template is true but the tokenizer has no chat template")
-        if tokenizer.pad_token_id is None or tokenizer.eos_token_id is None:
-            raise ValueError("the tokenizer needs a pad token and an eos token")
-        self.pad_id: int = tokenizer.pad_token_id
-        self.eos_id: int = tokenizer.eos_token_id
+        self.pad_id: int = self.text.pad_id
+        self.eos_id: int = self.text.eos_id
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -181,24 +219,12 @@ class Policy:
 
     # ------------------------------------------------------------------ text <-> ids
     def encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids [N, P] and attention mask [N, P] (each prompt a user turn if chat_template)."""
-        if self.chat_template:
-            prompts = [
-                self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-                )
-                for p in prompts
-            ]
-        enc = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
-        return enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device)
+        """Left-padded prompt ids [N, P] and attention mask [N, P] on the policy's device (`TextFormat`)."""
+        return self.text.encode_prompts(prompts, self.device)
 
     def decode_completions(self, completion_ids_NL: torch.Tensor, completion_mask_NL: torch.Tensor) -> list[str]:
         """Completion texts, without end-of-sequence and padding."""
-        texts = []
-        for ids, m in zip(completion_ids_NL.tolist(), completion_mask_NL.tolist(), strict=True):
-            kept = [t for t, keep in zip(ids, m, strict=True) if keep and t != self.eos_id]
-            texts.append(self.tokenizer.decode(kept, skip_special_tokens=True))
-        return texts
+        return self.text.decode_completions(completion_ids_NL, completion_mask_NL)
 
     # ------------------------------------------------------------------ forward passes
     def _logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, cache=None, positions=None):

@@ -58,7 +58,7 @@ def make_sampler(cfg: RunConfig, base: str, index: int, task: Task | None = None
     policy = Policy.load(base, resolve_device(cfg.model.device), dtype, chat_template=cfg.task.chat_template)
     if cfg.model.lora is not None and cfg.model.lora.publish == "adapter":
         policy.model = apply_lora(policy.model, cfg.model.lora)  # receives adapter tensors only
-    return Sampler(
+    return Sampler.from_policy(
         node.name or f"sampler-{index}",
         policy,
         task or make_task(cfg.task),

@@ -1,8 +1,9 @@
-"""Sampler: a policy copy at some weight version that generates and scores rollout groups.
+"""Sampler: draws prompts, has its rollout engine complete them, scores them, and packs rollout groups.
 
-It knows nothing about clocks or transports: it is handed weights (`load_weights`) and asked for groups
-(`generate_groups`). Its weights are stored in the wire dtype (bf16 by default, as an inference server would
-hold them) and computed with in the model's dtype, so its log-probs are those of the weights it received.
+It knows nothing about clocks or transports: it is handed weights (`load_weights`, passed to the engine) and
+asked for groups (`iter_groups`, a suspendable process, or `generate_groups`). The engine computes in the
+sampler's own dtype with the wire-dtype weights it received, so behaviour log-probs are those of the weights
+the sampler actually held.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from collections.abc import Generator, Iterator, Mapping
 import torch
 
 from heterorl.config import FrictionConfig
+from heterorl.engines.base import RolloutEngine
+from heterorl.engines.transformers_engine import TransformersEngine
 from heterorl.frictions import FrictionInjector
-from heterorl.policy import Policy, SamplingParams, run_process
+from heterorl.policy import Policy, SamplingParams, TextFormat, run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.tasks import Problem, Task
 
@@ -24,7 +27,8 @@ class Sampler:
     def __init__(
         self,
         sampler_id: str,
-        policy: Policy,
+        engine: RolloutEngine,
+        text: TextFormat,
         task: Task,
         params: SamplingParams,
         group_size: int,
@@ -32,13 +36,11 @@ class Sampler:
         frictions: FrictionConfig | None = None,
     ) -> None:
         self.sampler_id = sampler_id
-        self.policy = policy
-        self.policy.model.eval()
+        self.engine = engine
+        self.text = text
         self.task = task
         self.params = params
         self.group_size = group_size
-        self.version: int = -1  # no weights received yet
-        self.generator = torch.Generator(device=policy.device).manual_seed(seed)
         self._problems: Iterator[Problem] = task.train_stream(seed)
         self._groups_made = 0
         active = frictions is not None and (
@@ -46,21 +48,30 @@ class Sampler:
         )
         self.frictions = FrictionInjector(frictions, seed + 1) if active else None
 
+    @classmethod
+    def from_policy(
+        cls,
+        sampler_id: str,
+        policy: Policy,
+        task: Task,
+        params: SamplingParams,
+        group_size: int,
+        seed: int,
+        frictions: FrictionConfig | None = None,
+    ) -> Sampler:
+        """A sampler generating with `policy` through the transformers engine (sampling stream seeded by `seed`)."""
+        engine = TransformersEngine(policy, seed)
+        return cls(sampler_id, engine, policy.text, task, params, group_size, seed, frictions)
+
     # ------------------------------------------------------------------ weights
+    @property
+    def version(self) -> int:
+        """The weight version the engine generates with (-1: none yet)."""
+        return self.engine.version
+
     def load_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
-        """Overwrite the published parameters (all of them, or the LoRA adapter's) with `weights` (copied and
-        cast to the model's dtype) and set the version."""
-        params = dict(self.policy.model.named_parameters())
-        expected = {name for name, p in params.items() if p.requires_grad}
-        missing, unknown = expected - set(weights), set(weights) - set(params)
-        if missing or unknown:
-            raise ValueError(
-                f"weights for version {version}: missing {sorted(missing)[:3]}, unknown {sorted(unknown)[:3]}"
-            )
-        with torch.no_grad():
-            for name, tensor in weights.items():
-                params[name].copy_(tensor)
-        self.version = version
+        """Hand the published tensors of `version` to the engine (copied; the caller keeps its own)."""
+        self.engine.load_weights(version, weights)
 
     # ------------------------------------------------------------------ generation
     def next_problems(self, n: int) -> list[Problem]:
@@ -75,26 +86,20 @@ class Sampler:
     ) -> Generator[int, None, list[RolloutGroup]]:
         """`generate_groups` as a suspendable process: yields tokens sampled so far after each decoding step.
 
-        Between steps a driver may call `load_weights` (an interruptible rollout); later tokens are then
+        Between steps a driver may call `load_weights` when the engine is interruptible; later tokens are then
         produced, and tagged, with the new version.
         """
         if self.version < 0:
             raise RuntimeError(f"sampler {self.sampler_id} has no weights yet")
         problems = problems if problems is not None else self.next_problems(n_groups)
         G = self.group_size
-        prompt_ids, prompt_mask = self.policy.encode_prompts([p.prompt for p in problems])
-        gen = yield from self.policy.iter_generate(
-            prompt_ids.repeat_interleave(G, 0),
-            prompt_mask.repeat_interleave(G, 0),
-            self.params,
-            self.generator,
-            lambda: self.version,
-        )
+        prompt_ids, prompt_mask = self.text.encode_prompts([p.prompt for p in problems], self.engine.device)
+        gen = yield from self.engine.generate(prompt_ids, prompt_mask, G, self.params)
         if self.frictions is not None:
             gen = self.frictions.replace_completions(
-                self.policy, gen, [p for p in problems for _ in range(G)], self.params
+                self.text, self.engine, gen, [p for p in problems for _ in range(G)], self.params
             )
-        texts = self.policy.decode_completions(gen.completion_ids_NL, gen.completion_mask_NL)
+        texts = self.text.decode_completions(gen.completion_ids_NL, gen.completion_mask_NL)
         rewards = torch.tensor([self.task.score(problems[i // G], t) for i, t in enumerate(texts)])
         if self.frictions is not None:
             rewards = self.frictions.corrupt_rewards(rewards)

@@ -56,7 +56,9 @@ def test_a_sampler_over_a_faulty_link_still_trains_the_learner(tmp_path: Path, t
     )
     cfg = live.cfg
     params = SamplingParams.from_config(cfg.sampler)
-    sampler = Sampler("s", Policy.load(tiny_model_dir), make_task(cfg.task), params, cfg.sampler.group_size, 3)
+    sampler = Sampler.from_policy(
+        "s", Policy.load(tiny_model_dir), make_task(cfg.task), params, cfg.sampler.group_size, 3
+    )
     trainer = threading.Thread(target=live.train, daemon=True)
 
     async def scenario() -> dict:

@@ -62,7 +62,9 @@ def make_live(run_dir: Path, model_dir: Path, *overrides: str, events: EventLog 
 def sample_groups(live: LiveLearner, model_dir: Path, n: int, seed: int = 1) -> list[RolloutGroup]:
     cfg = live.cfg
     params = SamplingParams.from_config(cfg.sampler)
-    sampler = Sampler("s", Policy.load(model_dir), make_task(cfg.task), params, cfg.sampler.group_size, seed)
+    sampler = Sampler.from_policy(
+        "s", Policy.load(model_dir), make_task(cfg.task), params, cfg.sampler.group_size, seed
+    )
     sampler.load_weights(live.learner.version, live.learner.export_weights())
     return sampler.generate_groups(n)
 

@@ -23,7 +23,9 @@ def build(model_dir: Path, *overrides: str) -> tuple[SimulatedCluster, list[dict
     task = make_task(cfg.task)
     params = SamplingParams.from_config(cfg.sampler)
     samplers = [
-        Sampler(f"s{i}", Policy.load(model_dir), task, params, cfg.sampler.group_size, sampler_seed(cfg.seed, i))
+        Sampler.from_policy(
+            f"s{i}", Policy.load(model_dir), task, params, cfg.sampler.group_size, sampler_seed(cfg.seed, i)
+        )
         for i in range(len(cfg.cluster.samplers))
     ]
     records: list[dict] = []
@@ -228,7 +230,7 @@ def test_every_sync_leaves_the_sampler_bit_identical_to_the_learner(tiny_model_d
         original(node)
         if node.receiver.version is not None:
             assert state_hash(node.receiver.weights) == learner_hashes[node.receiver.version]
-            for name, p in node.sampler.policy.model.named_parameters():
+            for name, p in node.sampler.engine.policy.model.named_parameters():
                 assert torch.equal(p.detach(), node.receiver.weights[name].float())
             checked.append(node.receiver.version)
 

@@ -264,7 +264,7 @@ def run_sampler(cfg: RunConfig, connect: str, index: int = 0) -> dict[str, Any]:
         raise LiveSetupError(f"no token: set ${cfg.live.token_env} (or live.token_file) to the learner's token")
     seed = sampler_seed(cfg.seed, index)
     torch.manual_seed(seed)
-    sampler = Sampler(
+    sampler = Sampler.from_policy(
         name,
         sampler_policy(cfg),
         make_task(cfg.task),

@@ -10,6 +10,7 @@ One module per area; everything is re-exported here, so `from heterorl.config im
 
 from heterorl.config.base import ConfigError, Strict
 from heterorl.config.cluster import ClusterConfig, LiveConfig, SamplerNodeConfig, WeightsConfig
+from heterorl.config.engines import EngineConfig, TransformersEngineConfig, VLLMEngineConfig
 from heterorl.config.model import LoraConfig, ModelConfig
 from heterorl.config.network import (
     DelayConfig,
@@ -72,6 +73,7 @@ __all__ = [
     "DGConfig",
     "DecoupledPPOConfig",
     "DelayConfig",
+    "EngineConfig",
     "EvalConfig",
     "ExponentialDelay",
     "FaultConfig",
@@ -99,7 +101,9 @@ __all__ = [
     "SamplerNodeConfig",
     "Strict",
     "TaskConfig",
+    "TransformersEngineConfig",
     "UniformDelay",
+    "VLLMEngineConfig",
     "WeibullDelay",
     "WeightsConfig",
     "apply_overrides",

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from heterorl.config.base import Strict
+from heterorl.config.engines import EngineConfig, TransformersEngineConfig
 
 
 class FrictionConfig(Strict):
@@ -31,6 +32,9 @@ class SamplerConfig(Strict):
     max_new_tokens: int = Field(16, ge=1, le=4096, description="Completion length limit.")
     interruptible: bool = Field(False, description="AReaL: weights arriving mid-generation apply to later tokens.")
     frictions: FrictionConfig = Field(default_factory=FrictionConfig, description="Injected actor faults.")
+    engine: EngineConfig = Field(
+        default_factory=TransformersEngineConfig, description="What generates: `transformers` or `vllm`."
+    )
 
 
 class LearnerConfig(Strict):
