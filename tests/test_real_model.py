@@ -11,9 +11,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config
 
-from heterorl.cluster.simulated import SimulatedCluster
 from heterorl.config import load_config
 from heterorl.run import execute, make_learner, make_sampler
+from heterorl.simulated.cluster import SimulatedCluster
 from heterorl.weights import load_snapshot
 
 DATA = Path(__file__).parent / "data" / "math_small.jsonl"

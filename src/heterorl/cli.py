@@ -53,10 +53,10 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 @contextmanager
 def _live_errors() -> Iterator[None]:
     """Live-mode failures a user can act on (setup, token, unreachable learner) print in red and exit 1."""
-    from heterorl.cluster.auth import TokenError
-    from heterorl.cluster.live import LiveRunError
-    from heterorl.cluster.preflight import LiveSetupError
-    from heterorl.cluster.remote import AuthError, LearnerUnreachableError
+    from heterorl.live.launcher import LiveRunError
+    from heterorl.live.preflight import LiveSetupError
+    from heterorl.transport.http.auth import TokenError
+    from heterorl.transport.http.client import AuthError, LearnerUnreachableError
 
     try:
         yield
@@ -82,7 +82,7 @@ def run(
 
     target = run_dir or new_run_dir(name=config.stem if config else "run")
     if live:
-        from heterorl.cluster.live import run_live
+        from heterorl.live.launcher import run_live
 
         with _live_errors():
             summary = run_live(cfg, target, show_progress=not quiet)
@@ -102,7 +102,7 @@ def learner(
 ) -> None:
     """Run the learner service: samplers pull weights from it and push rollout groups (docs/deployment.md)."""
     cfg = _load(config, set_)
-    from heterorl.cluster.learner_process import serve_learner
+    from heterorl.live.learner_node import serve_learner
     from heterorl.run import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "learner")
@@ -125,7 +125,7 @@ def sampler(
     if not connect:
         raise typer.BadParameter("--connect URL is required")
     cfg = _load(config, set_)
-    from heterorl.cluster.sampler_process import run_sampler
+    from heterorl.live.sampler_node import run_sampler
 
     with _live_errors():
         run_sampler(cfg, connect, index)

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from heterorl.cluster.simulated import SimulatedCluster
 from heterorl.config import RunConfig, config_to_yaml
 from heterorl.console import Bar, progress_bar
 from heterorl.evaluate import greedy_accuracy
@@ -24,6 +23,7 @@ from heterorl.metrics import MetricsWriter
 from heterorl.policy import Policy, SamplingParams, resolve_device
 from heterorl.pretrain import ensure_base_model
 from heterorl.sampler import Sampler
+from heterorl.simulated.cluster import SimulatedCluster
 from heterorl.tasks import Task, make_task
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from conftest import tiny_config
-from heterorl.cluster.eventlog import read_events
 from heterorl.config import config_to_yaml
-from heterorl.learner_state import latest_state, read_records
+from heterorl.live.eventlog import read_events
+from heterorl.loop.state import latest_state, read_records
 from heterorl.metrics import read_metrics
 from heterorl.rollout_codec import GroupLimits, decode_group
 
@@ -37,7 +37,7 @@ class Processes:
 
     def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("wb") as log:
-            argv = [sys.executable, "-m", "heterorl.cluster.node", *args]
+            argv = [sys.executable, "-m", "heterorl.live.node", *args]
             self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env)
         return self.procs[name]
 

@@ -1,4 +1,4 @@
-"""Process entry point used by `run --live` and the tests: `python -m heterorl.cluster.node learner|sampler ...`.
+"""Process entry point used by `run --live` and the tests: `python -m heterorl.live.node learner|sampler ...`.
 
 People use `heterorl learner` / `heterorl sampler`; this launcher starts the same functions without the CLI
 layer, so the local launcher depends only on this package. The token comes from the environment as usual.
@@ -26,7 +26,7 @@ def wait_for_url_file(path: Path, timeout_s: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m heterorl.cluster.node")
+    parser = argparse.ArgumentParser(prog="python -m heterorl.live.node")
     roles = parser.add_subparsers(dest="role", required=True)
     learner = roles.add_parser("learner")
     learner.add_argument("config")
@@ -43,11 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     if args.role == "learner":
-        from heterorl.cluster.learner_process import serve_learner
+        from heterorl.live.learner_node import serve_learner
 
         serve_learner(cfg, args.listen, args.run_dir, args.resume, show_progress=args.progress)
     else:
-        from heterorl.cluster.sampler_process import run_sampler
+        from heterorl.live.sampler_node import run_sampler
 
         url = args.connect or wait_for_url_file(Path(args.connect_file), cfg.live.startup_timeout_s)
         run_sampler(cfg, url, args.index)

@@ -8,12 +8,12 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from heterorl.live import launcher as live_module
 
 from conftest import tiny_config
-from heterorl.cluster import live as live_module
-from heterorl.cluster.eventlog import read_events
-from heterorl.cluster.live import LiveRunError, run_live
 from heterorl.config import config_to_yaml, load_config
+from heterorl.live.eventlog import read_events
+from heterorl.live.launcher import LiveRunError, run_live
 from heterorl.metrics import read_metrics
 
 # the keys `heterorl run` prints (cli._print_summary)

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from heterorl.cluster.auth import configured_token, new_token
-from heterorl.cluster.preflight import check_live_config
 from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
+from heterorl.live.preflight import check_live_config
 from heterorl.run import prepare_run_dir, resolve_base_model
+from heterorl.transport.http.auth import configured_token, new_token
 
 POLL_S = 0.2
 GRACE_S = 30.0  # time a terminated learner gets to write its final state
@@ -45,7 +45,7 @@ class ProcessGroup:
 
     def start(self, name: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
         out = log.open("ab")
-        argv = [sys.executable, "-m", "heterorl.cluster.node", *args]
+        argv = [sys.executable, "-m", "heterorl.live.node", *args]
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         self.procs[name] = (proc, log, out)
         return proc

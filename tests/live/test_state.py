@@ -9,17 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from heterorl.cluster.eventlog import EventLog
-from heterorl.cluster.journal import Journal, read_segment, segment_indices
-from heterorl.cluster.live_learner import LiveLearner
 from heterorl.console import Bar
-from heterorl.learner_state import latest_state, restore_learner_state, save_learner_state
+from heterorl.live.eventlog import EventLog
+from heterorl.live.learner_loop_live import LiveLearner
+from heterorl.loop.journal import Journal, read_segment, segment_indices
+from heterorl.loop.state import latest_state, restore_learner_state, save_learner_state
 from heterorl.rollout_codec import encode_group
 from heterorl.run import RunRecorder, make_learner
 from heterorl.tasks import make_task
 from heterorl.weights import state_hash
-
-from .test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
+from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("varied_reward")
 

@@ -24,15 +24,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from heterorl.cluster.buffer import RolloutBuffer
-from heterorl.cluster.eventlog import EventLog
-from heterorl.cluster.intake import Intake, IntakeCounters
-from heterorl.cluster.journal import Journal
-from heterorl.cluster.peers import Peers
-from heterorl.cluster.transport import BackgroundPublisher
 from heterorl.config import RunConfig
 from heterorl.learner import Learner
-from heterorl.learner_state import SavedState, save_learner_state
+from heterorl.live.eventlog import EventLog
+from heterorl.loop.intake import Intake, IntakeCounters
+from heterorl.loop.journal import Journal
+from heterorl.loop.peers import Peers
+from heterorl.loop.publisher import BackgroundPublisher
+from heterorl.loop.staleness import RolloutBuffer
+from heterorl.loop.state import SavedState, save_learner_state
 from heterorl.rollout_codec import GroupLimits
 from heterorl.run import RunRecorder
 from heterorl.weights import Published

@@ -18,12 +18,10 @@ import torch
 from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import tiny_config
-from heterorl.cluster.envelope import EnvelopeError, decode_update, encode_update
-from heterorl.cluster.eventlog import EventLog
-from heterorl.cluster.intake import REJECTION_STATUS, body_digest
-from heterorl.cluster.live_learner import LiveLearner
-from heterorl.cluster.service import build_app
 from heterorl.console import Bar
+from heterorl.live.eventlog import EventLog
+from heterorl.live.learner_loop_live import LiveLearner
+from heterorl.loop.intake import REJECTION_STATUS, body_digest
 from heterorl.metrics import read_metrics
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import RolloutGroup
@@ -31,6 +29,8 @@ from heterorl.rollout_codec import encode_group
 from heterorl.run import RunRecorder, make_learner, prepare_run_dir
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
+from heterorl.transport.envelope import EnvelopeError, decode_update, encode_update
+from heterorl.transport.http.service import build_app
 from heterorl.weights import WeightReceiver
 
 TOKEN = "test-token-" + "x" * 24

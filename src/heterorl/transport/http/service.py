@@ -31,9 +31,9 @@ from pathlib import Path
 
 from aiohttp import web
 
-from heterorl.cluster.auth import bearer_matches
-from heterorl.cluster.envelope import encode_update
-from heterorl.cluster.live_learner import LiveLearner
+from heterorl.live.learner_loop_live import LiveLearner
+from heterorl.transport.envelope import encode_update
+from heterorl.transport.http.auth import bearer_matches
 
 DIGEST_HEADER = "X-Heterorl-Digest"
 _NAME = re.compile(r"^[\w.:@/-]{1,128}$")

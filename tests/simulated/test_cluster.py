@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from heterorl.cluster.simulated import SimulatedCluster
 from heterorl.learner import Learner
 from heterorl.metrics import read_metrics
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import RolloutGroup
 from heterorl.run import execute, sampler_seed
 from heterorl.sampler import Sampler
+from heterorl.simulated.cluster import SimulatedCluster
 from heterorl.tasks import make_task
 from heterorl.weights import state_hash
 

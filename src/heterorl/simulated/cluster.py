@@ -30,16 +30,16 @@ from collections import deque
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
-from heterorl.cluster.buffer import RolloutBuffer
-from heterorl.cluster.events import EventLoop
-from heterorl.cluster.transport import BackgroundPublisher
 from heterorl.config import RunConfig
 from heterorl.learner import Learner
+from heterorl.loop.publisher import BackgroundPublisher
+from heterorl.loop.staleness import RolloutBuffer
 from heterorl.network import Link, bandwidth_seconds
 from heterorl.policy import run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
 from heterorl.sampler import Sampler
+from heterorl.simulated.events import EventLoop
 from heterorl.weights import Update, WeightReceiver
 
 

@@ -29,19 +29,19 @@ from typing import Any
 
 import torch
 
-from heterorl.cluster.auth import configured_token
-from heterorl.cluster.envelope import EnvelopeError, decode_update
-from heterorl.cluster.eventlog import EventLog
-from heterorl.cluster.intake import body_digest
-from heterorl.cluster.preflight import LiveSetupError, check_live_config, node_name
-from heterorl.cluster.remote import FINISHED, Backoff, LearnerClient, LinkEmulator
 from heterorl.config import RunConfig
+from heterorl.live.eventlog import EventLog
+from heterorl.live.preflight import LiveSetupError, check_live_config, node_name
+from heterorl.loop.intake import body_digest
 from heterorl.policy import Policy, SamplingParams, run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
 from heterorl.run import sampler_seed
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
+from heterorl.transport.envelope import EnvelopeError, decode_update
+from heterorl.transport.http.auth import configured_token
+from heterorl.transport.http.client import FINISHED, Backoff, LearnerClient, LinkEmulator
 from heterorl.weights import WeightReceiver, state_hash
 
 _ACKED = ("accepted", "duplicate")

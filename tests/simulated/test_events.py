@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from heterorl.cluster.events import Clock, EventLoop, VirtualClock, WallClock
+from heterorl.simulated.events import Clock, EventLoop, VirtualClock, WallClock
 
 
 def test_events_run_in_time_order_and_advance_now():

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import xxhash
 
-from heterorl.cluster.buffer import RolloutBuffer
-from heterorl.cluster.journal import Journal
+from heterorl.loop.journal import Journal
+from heterorl.loop.staleness import RolloutBuffer
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits, RolloutError, decode_group
 

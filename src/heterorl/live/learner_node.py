@@ -17,17 +17,17 @@ from typing import Any
 import torch
 import yaml
 
-from heterorl.cluster.auth import configured_token, new_token
-from heterorl.cluster.eventlog import EventLog
-from heterorl.cluster.journal import segment_indices
-from heterorl.cluster.live_learner import LiveLearner
-from heterorl.cluster.preflight import LiveSetupError, check_live_config, parse_listen
-from heterorl.cluster.service import serve_app
 from heterorl.config import RunConfig
 from heterorl.console import progress_bar
-from heterorl.learner_state import latest_state, restore_learner_state
+from heterorl.live.eventlog import EventLog
+from heterorl.live.learner_loop_live import LiveLearner
+from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
+from heterorl.loop.journal import segment_indices
+from heterorl.loop.state import latest_state, restore_learner_state
 from heterorl.run import RunRecorder, make_learner, new_run_dir, prepare_run_dir, resolve_base_model
 from heterorl.tasks import make_task
+from heterorl.transport.http.auth import configured_token, new_token
+from heterorl.transport.http.service import serve_app
 
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:

@@ -21,8 +21,8 @@ from typing import Any
 
 import aiohttp
 
-from heterorl.cluster.eventlog import EventLog
 from heterorl.config import LinkConfig, LiveConfig
+from heterorl.live.eventlog import EventLog
 from heterorl.network import Link, LinkPath
 
 RETRY_STATUS = frozenset({502, 503, 504})

@@ -14,16 +14,15 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from heterorl.cluster.eventlog import EventLog
-from heterorl.cluster.remote import Backoff, LearnerClient, LinkEmulator
-from heterorl.cluster.sampler_process import LiveSampler
-from heterorl.cluster.service import build_app
 from heterorl.config import FaultConfig, LinkConfig
+from heterorl.live.eventlog import EventLog
+from heterorl.live.sampler_node import LiveSampler
 from heterorl.policy import Policy, SamplingParams
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
-
-from .test_service import REWARD, TOKEN, make_live, varied_reward  # noqa: F401 (a fixture)
+from heterorl.transport.http.client import Backoff, LearnerClient, LinkEmulator
+from heterorl.transport.http.service import build_app
+from transport.test_service import REWARD, TOKEN, make_live, varied_reward  # noqa: F401 (a fixture)
 
 FAULTY = (
     "cluster.samplers=[{name: s, link: {"

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from heterorl.cluster.journal import frame, fsync_path, parse_records
 from heterorl.learner import Learner
+from heterorl.loop.journal import frame, fsync_path, parse_records
 
 STATE_FORMAT = 1
 
