@@ -55,3 +55,17 @@ def tiny_config(model_dir: Path, *overrides: str) -> RunConfig:
 
 def smoke_config(*overrides: str) -> RunConfig:
     return load_config(REPO / "configs" / "smoke.yaml", list(overrides))
+
+
+def capture_records(cluster) -> list[dict]:
+    """The train records a simulated cluster's loop writes, as they are written."""
+    records: list[dict] = []
+    recorder = cluster.loop.recorder
+    on_step = recorder.on_step
+
+    def capture(record: dict) -> None:
+        records.append(record)
+        on_step(record)
+
+    recorder.on_step = capture
+    return records

@@ -36,10 +36,10 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     table.add_row("held-out accuracy", f"{acc0:.1%} -> {acc1:.1%}  ({(acc1 - acc0) * 100:+.1f} points)")
     table.add_row("reward", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}")
     table.add_row("learner steps", f"{summary['steps']}  ({summary['objective']}, {summary['mode']} mode)")
-    table.add_row("virtual time", f"{summary['virtual_seconds']:.0f} s")
+    table.add_row("clock time", f"{summary['clock_seconds']:.0f} s ({summary.get('clock', 'virtual')})")
     table.add_row("staleness", f"mean {summary['staleness_mean']:.2f}, max {summary['staleness_max']} steps")
     table.add_row("groups dropped", str(summary["groups_dropped"]))
-    table.add_row("throughput", f"{summary['tokens_per_virtual_second']:.0f} tokens / virtual s")
+    table.add_row("throughput", f"{summary['tokens_per_clock_second']:.0f} tokens / clock s")
     idle = ", ".join(f"{k} {v:.0%}" for k, v in summary["sampler_idle"].items())
     table.add_row("idle", f"learner {summary['learner_idle']:.0%}; samplers {idle}")
     if summary["weight_bytes_full"]:
@@ -78,7 +78,8 @@ def run(
     """Post-train a model with RL on the simulated cluster (or, with --live, on local processes) and write a run
     directory."""
     cfg = _load(config, set_)
-    from heterorl.run import execute, new_run_dir
+    from heterorl.loop.run_dir import new_run_dir
+    from heterorl.run import execute
 
     target = run_dir or new_run_dir(name=config.stem if config else "run")
     if live:
@@ -103,7 +104,7 @@ def learner(
     """Run the learner service: samplers pull weights from it and push rollout groups (docs/deployment.md)."""
     cfg = _load(config, set_)
     from heterorl.live.learner_node import serve_learner
-    from heterorl.run import new_run_dir
+    from heterorl.loop.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "learner")
     with _live_errors():

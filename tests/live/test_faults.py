@@ -17,10 +17,12 @@ from aiohttp.test_utils import TestServer
 from heterorl.config import FaultConfig, LinkConfig
 from heterorl.live.eventlog import EventLog
 from heterorl.live.sampler_node import LiveSampler
+from heterorl.loop.sampler_loop import SamplerWorker
 from heterorl.policy import Policy, SamplingParams
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
-from heterorl.transport.http.client import Backoff, LearnerClient, LinkEmulator
+from heterorl.transport.emulation import LinkEmulator
+from heterorl.transport.http.client import Backoff, LearnerClient
 from heterorl.transport.http.service import build_app
 from transport.test_service import REWARD, TOKEN, make_live, varied_reward  # noqa: F401 (a fixture)
 
@@ -58,6 +60,7 @@ def test_a_sampler_over_a_faulty_link_still_trains_the_learner(tmp_path: Path, t
     sampler = Sampler.from_policy(
         "s", Policy.load(tiny_model_dir), make_task(cfg.task), params, cfg.sampler.group_size, 3
     )
+    worker = SamplerWorker(cfg, 0, sampler)
     trainer = threading.Thread(target=live.train, daemon=True)
 
     async def scenario() -> dict:
@@ -66,16 +69,16 @@ def test_a_sampler_over_a_faulty_link_still_trains_the_learner(tmp_path: Path, t
             events = EventLog(sampler_log)
             link = LinkEmulator(cfg.cluster.samplers[0].link, cfg.seed, 0)
             async with LearnerClient(str(server.make_url("")), TOKEN, cfg.live, "s", random.Random(0), events) as c:
-                return await asyncio.wait_for(LiveSampler(cfg, 0, sampler, c, link, events, "b00t").run(), 60)
+                return await asyncio.wait_for(LiveSampler(cfg, worker, c, link, events, "b00t").run(), 60)
 
     result = asyncio.run(scenario())
     trainer.join(timeout=30)
     assert live.finished
-    assert live.learner.version == 4
-    counters = live.intake.counters
+    assert live.loop.learner.version == 4
+    counters = live.loop.intake.counters
     assert counters.rejected["corrupt"] >= 1  # a flipped byte is caught by the digest, whatever it hit
     assert counters.duplicates >= 1  # a duplicated POST is acknowledged but not queued twice
-    assert counters.accepted == len(live.intake.consumed) + len(live.intake.buffer)
+    assert counters.accepted == len(live.loop.intake.consumed) + len(live.loop.intake.buffer)
     assert result["outcomes"].get("dropped", 0) >= 1
 
     published = {(e["version"], e["hash"]) for e in events_of(learner_log, "published")}
@@ -88,7 +91,7 @@ def test_a_sampler_over_a_faulty_link_still_trains_the_learner(tmp_path: Path, t
     after = [e for e in weights[refused[0] + 1 :] if e["ok"]]
     assert after[0]["kind"] == "snapshot"  # the receiver asked for a snapshot after the refusal
     pushed = [e["group_id"] for e in events_of(sampler_log, "pushed") if e["outcome"] in ("accepted", "duplicate")]
-    assert set(pushed) <= live.intake.consumed | set(live.intake.payloads)
+    assert set(pushed) <= live.loop.intake.consumed | set(live.loop.intake.payloads)
 
 
 def test_link_emulation_flips_exactly_one_byte_and_drops() -> None:

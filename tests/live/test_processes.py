@@ -153,7 +153,7 @@ def test_live_processes_survive_killed_sampler_and_learner(
     # the run completed with one record per step (the records of redone steps were cut on resume)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 8
-    assert summary["live"]["resumes"] == 1
+    assert summary["resumes"] == 1
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"] == list(range(1, 9))
 
     # the resumed learner continued from the state on disk, with the very weights it had published then

@@ -8,10 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from heterorl.live import launcher as live_module
 
 from conftest import tiny_config
 from heterorl.config import config_to_yaml, load_config
+from heterorl.live import launcher as live_module
 from heterorl.live.eventlog import read_events
 from heterorl.live.launcher import LiveRunError, run_live
 from heterorl.metrics import read_metrics
@@ -25,11 +25,11 @@ SUMMARY_KEYS = (
     "steps",
     "objective",
     "mode",
-    "virtual_seconds",
+    "clock_seconds",
     "staleness_mean",
     "staleness_max",
     "groups_dropped",
-    "tokens_per_virtual_second",
+    "tokens_per_clock_second",
     "sampler_idle",
     "learner_idle",
     "weight_bytes_sent",
@@ -67,7 +67,7 @@ def test_run_live_writes_the_run_directory_of_the_simulated_mode(
     assert summary["steps"] == 3
     assert summary["mode"] == "sync"
     assert set(summary["sampler_idle"]) == {"a", "b"}
-    assert summary["live"]["accepted"] >= 3 * cfg.learner.groups_per_step
+    assert summary["net"]["accepted"] >= 3 * cfg.learner.groups_per_step
     assert summary["wall_seconds"] >= summary["rl_wall_seconds"] > 0
     assert json.loads((run / "summary.json").read_text()) == summary
     assert load_config(run / "config.yaml") == cfg
@@ -75,7 +75,7 @@ def test_run_live_writes_the_run_directory_of_the_simulated_mode(
     records = read_metrics(run / "metrics.jsonl")
     assert [r["step"] for r in records if r["kind"] == "train"] == [1, 2, 3]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [0, 3]
-    for key in ("reward/mean", "obj/loss", "stale/mean", "sync/bytes", "perf/learner_idle", "live/rejected_malformed"):
+    for key in ("reward/mean", "obj/loss", "stale/mean", "sync/bytes", "perf/learner_idle", "net/rejected_malformed"):
         assert all(key in r for r in records if r["kind"] == "train"), key
     finished = [e for n in ("sampler-0", "sampler-1") for e in read_events(run / "live" / f"{n}.log", "finished")]
     assert len(finished) == 2  # both samplers heard the run was over and left on their own

@@ -9,14 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from heterorl.console import Bar
 from heterorl.live.eventlog import EventLog
-from heterorl.live.learner_loop_live import LiveLearner
+from heterorl.live.learner_node import LiveLearner, open_learner
+from heterorl.loop.build import build_learner
 from heterorl.loop.journal import Journal, read_segment, segment_indices
 from heterorl.loop.state import latest_state, restore_learner_state, save_learner_state
 from heterorl.rollout_codec import encode_group
-from heterorl.run import RunRecorder, make_learner
-from heterorl.tasks import make_task
 from heterorl.weights import state_hash
 from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
 
@@ -25,42 +23,39 @@ pytestmark = pytest.mark.usefixtures("varied_reward")
 
 def resume_live(live: LiveLearner) -> LiveLearner:
     """What `heterorl learner --resume` does, in process."""
-    path = latest_state(live.state_root)
-    assert path is not None
-    learner = make_learner(live.cfg, str(path / "model"))
-    saved = restore_learner_state(learner, path)
-    recorder = RunRecorder(live.cfg, live.run_dir, learner, make_task(live.cfg.task), Bar(None, None))
-    return LiveLearner(live.cfg, live.run_dir, learner, recorder, EventLog(io.StringIO()), saved)
+    return open_learner(live.cfg, live.run_dir, "", resume=True, events=EventLog(io.StringIO()))
 
 
 def test_a_restored_learner_continues_bit_for_bit(tmp_path: Path, tiny_model_dir: Path) -> None:
     live = make_live(tmp_path / "run", tiny_model_dir, REWARD, "learner.warmup_steps=3", "learner.schedule=cosine")
     groups = sample_groups(live, tiny_model_dir, 8)
     for _ in range(2):
-        live.learner.train_step(groups[:4])
-    path = save_learner_state(live.learner, tmp_path / "state", queue=[encode_group(groups[5])], extra={"k": [1, 2]})
+        live.loop.learner.train_step(groups[:4])
+    path = save_learner_state(
+        live.loop.learner, tmp_path / "state", queue=[encode_group(groups[5])], extra={"k": [1, 2]}
+    )
     rng_after_save = torch.rand(3)
-    copy = make_learner(live.cfg, str(path / "model"))
+    copy = build_learner(live.cfg, str(path / "model"))
     saved = restore_learner_state(copy, path)
     assert torch.equal(torch.rand(3), rng_after_save)  # the torch RNG continues where it was saved
     assert (saved.version, saved.extra, saved.queue) == (2, {"k": [1, 2]}, [encode_group(groups[5])])
-    assert state_hash(copy.export_weights()) == state_hash(live.learner.export_weights())
-    assert copy.scheduler.get_last_lr() == live.learner.scheduler.get_last_lr()
-    live.learner.train_step(groups[4:])
+    assert state_hash(copy.export_weights()) == state_hash(live.loop.learner.export_weights())
+    assert copy.scheduler.get_last_lr() == live.loop.learner.scheduler.get_last_lr()
+    live.loop.learner.train_step(groups[4:])
     copy.train_step(groups[4:])
-    original = dict(live.learner.policy.model.named_parameters())
+    original = dict(live.loop.learner.policy.model.named_parameters())
     for name, p in copy.policy.model.named_parameters():
         assert torch.equal(p, original[name]), name  # same optimizer moments, same step count, same lr
-    assert copy.version == live.learner.version == 3
+    assert copy.version == live.loop.learner.version == 3
 
 
 def test_states_are_replaced_atomically(tmp_path: Path, tiny_model_dir: Path) -> None:
     live = make_live(tmp_path / "run", tiny_model_dir, REWARD)
     root = tmp_path / "state"
-    first = save_learner_state(live.learner, root, queue=[], extra={})
+    first = save_learner_state(live.loop.learner, root, queue=[], extra={})
     (root / ".tmp-s00000009-v00000009-1").mkdir()  # a save killed half-way is never picked
-    live.learner.version = 5
-    second = save_learner_state(live.learner, root, queue=[], extra={})
+    live.loop.learner.version = 5
+    second = save_learner_state(live.loop.learner, root, queue=[], extra={})
     assert latest_state(root) == second
     assert not first.exists()
     assert second.name == "s00000001-v00000005"
@@ -89,23 +84,23 @@ def test_resume_rebuilds_the_queue_from_state_and_journal(tmp_path: Path, tiny_m
     groups = sample_groups(live, tiny_model_dir, 9)
     messages = [encode_group(g) for g in groups]
     for body in messages[:6]:
-        assert live.intake.accept(body, 0).outcome == "accepted"
-    taken = live.intake.take(4, live.learner.version, timeout=0)
+        assert live.loop.intake.accept(body, 0).outcome == "accepted"
+    taken = live.loop.intake.take(4, live.loop.learner.version, timeout=0)
     assert taken is not None
-    live.learner.train_step(taken[0])
-    live.publish()
+    live.loop.learner.train_step(taken[0])
+    live.loop.publish()
     live.checkpoint()  # holds: version 1, groups 0-3 consumed, groups 4-5 queued
     for body in messages[6:]:
-        assert live.intake.accept(body, 1).outcome == "accepted"  # journaled after the checkpoint
-    live.intake.journal.close()  # the process dies here: no further checkpoint
+        assert live.loop.intake.accept(body, 1).outcome == "accepted"  # journaled after the checkpoint
+    live.loop.intake.journal.close()  # the process dies here: no further checkpoint
 
     resumed = resume_live(live)
     ids = [g.group_id for g in groups]
-    assert resumed.learner.version == 1
-    assert resumed.intake.consumed == set(ids[:4])
-    assert [g.group_id for g in resumed.intake.buffer.groups] == ids[4:]
-    assert resumed.intake.counters.accepted == 9
-    assert state_hash(resumed.learner.export_weights()) == live.store.latest_hash
+    assert resumed.loop.learner.version == 1
+    assert resumed.loop.intake.consumed == set(ids[:4])
+    assert [g.group_id for g in resumed.loop.intake.buffer.groups] == ids[4:]
+    assert resumed.loop.intake.counters.accepted == 9
+    assert state_hash(resumed.loop.learner.export_weights()) == live.loop.store.latest_hash
     for body in (messages[0], messages[5], messages[8]):  # consumed, checkpointed, journaled
-        assert resumed.intake.accept(body, 1).outcome == "duplicate"
-    assert len(resumed.intake.buffer) == 5
+        assert resumed.loop.intake.accept(body, 1).outcome == "duplicate"
+    assert len(resumed.loop.intake.buffer) == 5

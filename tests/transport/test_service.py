@@ -18,20 +18,19 @@ import torch
 from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import tiny_config
-from heterorl.console import Bar
 from heterorl.live.eventlog import EventLog
-from heterorl.live.learner_loop_live import LiveLearner
+from heterorl.live.learner_node import LiveLearner, open_learner
 from heterorl.loop.intake import REJECTION_STATUS, body_digest
+from heterorl.loop.run_dir import prepare_run_dir
 from heterorl.metrics import read_metrics
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
-from heterorl.run import RunRecorder, make_learner, prepare_run_dir
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
-from heterorl.transport.envelope import EnvelopeError, decode_update, encode_update
 from heterorl.transport.http.service import build_app
 from heterorl.weights import WeightReceiver
+from heterorl.weights.envelope import EnvelopeError, decode_update, encode_update
 
 TOKEN = "test-token-" + "x" * 24
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -52,10 +51,8 @@ def varied_reward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 def make_live(run_dir: Path, model_dir: Path, *overrides: str, events: EventLog | None = None) -> LiveLearner:
     cfg = tiny_config(model_dir, "live.fsync=false", "live.max_body_bytes=4096", *overrides)
     run_dir = prepare_run_dir(cfg, run_dir)
-    learner = make_learner(cfg, str(model_dir))
-    recorder = RunRecorder(cfg, run_dir, learner, make_task(cfg.task), Bar(None, None))
-    live = LiveLearner(cfg, run_dir, learner, recorder, events or EventLog(io.StringIO()))
-    live.publish()
+    live = open_learner(cfg, run_dir, str(model_dir), events=events or EventLog(io.StringIO()))
+    live.loop.start()
     return live
 
 
@@ -65,7 +62,7 @@ def sample_groups(live: LiveLearner, model_dir: Path, n: int, seed: int = 1) -> 
     sampler = Sampler.from_policy(
         "s", Policy.load(model_dir), make_task(cfg.task), params, cfg.sampler.group_size, seed
     )
-    sampler.load_weights(live.learner.version, live.learner.export_weights())
+    sampler.load_weights(live.loop.learner.version, live.loop.learner.export_weights())
     return sampler.generate_groups(n)
 
 
@@ -81,7 +78,7 @@ def live(tmp_path: Path, tiny_model_dir: Path, varied_reward: str) -> Iterator[L
     live = make_live(tmp_path / "run", tiny_model_dir, varied_reward, "learner.steps=2")
     yield live
     live.request_stop()
-    live.intake.journal.close()
+    live.loop.intake.journal.close()
 
 
 def _set(name: str, index: tuple[int, ...], value: float) -> Callable[[RolloutGroup], None]:
@@ -94,7 +91,7 @@ def _set(name: str, index: tuple[int, ...], value: float) -> Callable[[RolloutGr
 def test_every_rejection_has_its_status_is_counted_and_training_goes_on(live: LiveLearner, tiny_model_dir: Path):
     groups = sample_groups(live, tiny_model_dir, 6)
     good = [encode_group(g) for g in groups]
-    vocab = live.learner.policy.model.config.vocab_size
+    vocab = live.loop.learner.policy.model.config.vocab_size
     # (expected outcome, status, headers, body)
     cases: list[tuple[str, int, dict[str, str], bytes]] = [
         ("unauthorized", 401, {}, good[0]),
@@ -144,7 +141,7 @@ def test_every_rejection_has_its_status_is_counted_and_training_goes_on(live: Li
             r = await client.post("/v1/rollouts", data=good[0], headers=AUTH)  # a retried POST
             assert (r.status, (await r.json())["outcome"]) == (200, "duplicate")
             deadline = time.monotonic() + 30
-            while live.learner.version < 1 and time.monotonic() < deadline:
+            while live.loop.learner.version < 1 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             r = await client.get("/v1/status")  # public: no token
             return await r.json()
@@ -163,8 +160,8 @@ def test_every_rejection_has_its_status_is_counted_and_training_goes_on(live: Li
     train = [r for r in read_metrics(live.run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert train[0]["step"] == 1
     for reason, count in expected.items():
-        assert train[0][f"live/rejected_{reason}"] == count, reason
-    assert train[0]["live/rejected_too_long"] == 0
+        assert train[0][f"net/rejected_{reason}"] == count, reason
+    assert train[0]["net/rejected_too_long"] == 0
 
 
 def test_weights_route_serves_updates_a_receiver_verifies(tmp_path: Path, tiny_model_dir: Path, varied_reward: str):
@@ -174,8 +171,8 @@ def test_weights_route_serves_updates_a_receiver_verifies(tmp_path: Path, tiny_m
 
     def train_and_publish() -> None:
         time.sleep(0.2)
-        live.learner.train_step(groups)
-        live.publish()
+        live.loop.learner.train_step(groups)
+        live.loop.publish()
 
     async def scenario() -> None:
         async with TestClient(TestServer(build_app(live, TOKEN))) as client:
@@ -184,7 +181,7 @@ def test_weights_route_serves_updates_a_receiver_verifies(tmp_path: Path, tiny_m
             first = decode_update(await r.read())
             assert first.kind == "snapshot"
             assert receiver.apply(first)
-            assert (receiver.version, receiver.state_hash) == (0, live.store.latest_hash)
+            assert (receiver.version, receiver.state_hash) == (0, live.loop.store.latest_hash)
             held = {"version": "0", "hash": receiver.state_hash, "wait": "0", "sampler": "s0", "idle": "0.5"}
             r = await client.get("/v1/weights", params=held, headers=AUTH)
             assert r.status == 204
@@ -211,10 +208,10 @@ def test_weights_route_serves_updates_a_receiver_verifies(tmp_path: Path, tiny_m
             again = decode_update(await r.read())
             assert again.kind == "snapshot"
             assert receiver.apply(again)
-            assert (receiver.version, receiver.state_hash) == (1, live.store.latest_hash)
+            assert (receiver.version, receiver.state_hash) == (1, live.loop.store.latest_hash)
 
     asyncio.run(scenario())
-    assert live.peers.snapshot()["s0"].idle == 0.5
+    assert live.loop.peers.snapshot()["s0"].idle == 0.5
 
 
 def test_envelope_rejects_damaged_framing() -> None:

@@ -58,6 +58,7 @@ from heterorl.config.training import (
     LearnerConfig,
     MetricsConfig,
     PretrainConfig,
+    RuntimeConfig,
     SamplerConfig,
 )
 
@@ -97,6 +98,7 @@ __all__ = [
     "PretrainConfig",
     "ReversalTaskConfig",
     "RunConfig",
+    "RuntimeConfig",
     "SamplerConfig",
     "SamplerNodeConfig",
     "Strict",

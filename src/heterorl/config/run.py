@@ -14,7 +14,14 @@ from heterorl.config.cluster import ClusterConfig, LiveConfig, WeightsConfig
 from heterorl.config.model import ModelConfig
 from heterorl.config.objectives import GRPOConfig, ObjectiveConfig
 from heterorl.config.tasks import AdditionTaskConfig, TaskConfig
-from heterorl.config.training import EvalConfig, LearnerConfig, MetricsConfig, PretrainConfig, SamplerConfig
+from heterorl.config.training import (
+    EvalConfig,
+    LearnerConfig,
+    MetricsConfig,
+    PretrainConfig,
+    RuntimeConfig,
+    SamplerConfig,
+)
 
 
 class RunConfig(Strict):
@@ -32,6 +39,7 @@ class RunConfig(Strict):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     live: LiveConfig = Field(default_factory=LiveConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     @model_validator(mode="after")
     def _eta_needs_async(self) -> RunConfig:

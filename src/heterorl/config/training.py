@@ -97,3 +97,15 @@ class MetricsConfig(Strict):
     tensorboard: bool = Field(False, description="Write TensorBoard event files to <run_dir>/tensorboard.")
     wandb: bool = Field(False, description="Log an offline W&B run under <run_dir>/wandb (`wandb sync` later).")
     wandb_project: str = Field("heterorl", min_length=1, description="W&B project name.")
+
+
+class RuntimeConfig(Strict):
+    """How every process of the run computes; recorded in the run directory, so a run says how it was made."""
+
+    threads: int | None = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="torch intra-op threads per process. Fixed by default: float reductions split by thread, so "
+        "results (and the cached warm start) would otherwise differ between machines; None = torch's default.",
+    )

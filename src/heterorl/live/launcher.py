@@ -20,7 +20,8 @@ from typing import IO, Any
 from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.live.preflight import check_live_config
-from heterorl.run import prepare_run_dir, resolve_base_model
+from heterorl.loop.build import resolve_base_model
+from heterorl.loop.run_dir import prepare_run_dir
 from heterorl.transport.http.auth import configured_token, new_token
 
 POLL_S = 0.2

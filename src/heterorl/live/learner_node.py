@@ -1,8 +1,14 @@
-"""`heterorl learner`: one learner process serving the live cluster, writing a normal run directory.
+"""`heterorl learner`: the learner loop driven on the wall clock, serving a live cluster over HTTP.
+
+A training thread runs the loop's steps back to back (take -> train -> commit, `heterorl.loop.learner_loop`)
+while the HTTP service (`heterorl.transport.http.service`) feeds the same loop: samplers pull the store's
+updates, push groups into `loop.offer`, and ask `loop.admit` before generating when `cluster.eta` is set.
 
 The run directory is the simulated mode's (config.yaml, metrics.jsonl, summary.json, checkpoint/) plus `live/`:
 `learner.json` (the URL it listens on, for launchers), `state/` (durable learner states), `journal/` (accepted
-groups since the last state). `--resume` continues a killed or stopped learner from its newest state.
+groups since the last state). Every `live.checkpoint_every` steps the state is saved; `--resume` continues a
+killed or stopped learner from its newest state plus the journal, so every acknowledged group is either
+consumed (trained or dropped by the window) or queued again.
 """
 
 from __future__ import annotations
@@ -10,24 +16,98 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
 from heterorl.config import RunConfig
-from heterorl.console import progress_bar
+from heterorl.console import Bar, progress_bar
 from heterorl.live.eventlog import EventLog
-from heterorl.live.learner_loop_live import LiveLearner
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
-from heterorl.loop.journal import segment_indices
+from heterorl.loop.build import build_learner, build_task, configure_torch, resolve_base_model
+from heterorl.loop.journal import Journal, segment_indices
+from heterorl.loop.learner_loop import LearnerLoop, published_stats
+from heterorl.loop.recorder import RunRecorder
+from heterorl.loop.run_dir import new_run_dir, prepare_run_dir
 from heterorl.loop.state import latest_state, restore_learner_state
-from heterorl.run import RunRecorder, make_learner, new_run_dir, prepare_run_dir, resolve_base_model
-from heterorl.tasks import make_task
 from heterorl.transport.http.auth import configured_token, new_token
 from heterorl.transport.http.service import serve_app
+
+TAKE_POLL_S = 0.5  # how often a waiting training thread re-checks for a stop request
+
+
+class LiveLearner:
+    """The learner process: the loop, its training thread, and what the HTTP service needs to know."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, loop: LearnerLoop, events: EventLog) -> None:
+        self.cfg, self.run_dir, self.loop, self.events = cfg, run_dir, loop, events
+        self.state_root = run_dir / "live" / "state"
+        self.checkpoint_version: int | None = None
+        self.finished = False
+        self.told_finished: set[str] = set()  # samplers that were answered 410
+        self.summary: dict[str, Any] | None = None
+        self.stop = threading.Event()
+        self.notify = lambda: None  # set by the service: wakes long-polls (thread-safe)
+        loop.publisher.on_published.append(self._published)
+
+    def _published(self, published: Any) -> None:
+        self.events.emit("published", **published_stats(published))
+        self.notify()
+
+    def request_stop(self) -> None:
+        """Finish the current step, checkpoint, return from `train` (SIGTERM / SIGINT)."""
+        self.stop.set()
+        self.loop.intake.close()
+
+    def train(self) -> None:
+        """The loop's steps on the wall clock until `learner.steps` or a stop request; checkpoints on the way."""
+        loop, every = self.loop, self.cfg.live.checkpoint_every
+        while not loop.done and not self.stop.is_set():
+            taken = loop.take(TAKE_POLL_S)
+            if taken is None:
+                continue
+            began = time.monotonic()
+            result = loop.train(taken)
+            loop.commit(result, busy_seconds=time.monotonic() - began)
+            if loop.learner.version % every == 0 and not loop.done:
+                self.checkpoint()
+        if loop.done:
+            self.finished = True
+            self.notify()  # long-polls answer 410 now
+            self.checkpoint()  # the final state: every accepted group is consumed or queued
+            self.summary = loop.finish()
+            self.events.emit("finished", version=loop.learner.version, elapsed=round(loop.now(), 3))
+        else:
+            self.checkpoint()  # stopped early: durable state for --resume
+            loop.publisher.close()
+
+    def checkpoint(self) -> Path:
+        path = self.loop.save_state(self.state_root)
+        self.checkpoint_version = self.loop.learner.version
+        self.events.emit("checkpoint", version=self.loop.learner.version, path=str(path))
+        return path
+
+    def status(self) -> dict[str, Any]:
+        """GET /v1/status: progress, queue, counters, samplers."""
+        loop, window = self.loop, self.cfg.live.connected_seconds
+        return {
+            "version": loop.store.latest_version,
+            "state_hash": loop.store.latest_hash,
+            "steps": loop.learner.version,
+            "target_steps": self.cfg.learner.steps,
+            "finished": self.finished,
+            "checkpoint_version": self.checkpoint_version,
+            "queue": len(loop.intake.buffer),
+            **loop.intake.counters_json(),
+            "groups_dropped": loop.intake.buffer.dropped,
+            "connected": loop.peers.connected(window),
+            "samplers": loop.peers.status(window),
+            "elapsed_s": round(loop.now(), 3),
+            "resumes": loop.resumes,
+        }
 
 
 def _comparable(cfg: RunConfig) -> dict[str, Any]:
@@ -68,6 +148,42 @@ def resolve_learner_token(cfg: RunConfig) -> str:
     return token
 
 
+def open_learner(
+    cfg: RunConfig,
+    run_dir: Path,
+    base: str,
+    resume: bool = False,
+    events: EventLog | None = None,
+    bar: Bar | None = None,
+) -> LiveLearner:
+    """The learner process's loop over `run_dir`: fresh from `base`, or (resume) from the newest saved state plus
+    the journal. Call `loop.start()` next, then serve it."""
+    saved = None
+    if resume:
+        path = latest_state(run_dir / "live" / "state")
+        if path is None:
+            raise LiveSetupError(f"--resume: no learner state under {run_dir / 'live' / 'state'}")
+        learner = build_learner(cfg, str(path / "model"))
+        saved = restore_learner_state(learner, path)
+        _truncate(run_dir / "metrics.jsonl", int(saved.extra["metrics_bytes"]))
+    else:
+        learner = build_learner(cfg, base)
+    bar = bar or Bar(None, None)
+    if saved is not None:
+        bar.advance(saved.version)
+    recorder = RunRecorder(cfg, run_dir, learner, build_task(cfg), bar)
+    clock_start = time.monotonic()
+    journal = Journal(run_dir / "live" / "journal", fsync=cfg.live.fsync)
+    loop = LearnerLoop(cfg, learner, recorder, clock=lambda: time.monotonic() - clock_start, journal=journal)
+    events = events or EventLog()
+    live = LiveLearner(cfg, run_dir, loop, events)
+    if saved is not None:
+        queued = loop.restore_state(saved)
+        live.checkpoint_version = saved.version
+        events.emit("resumed", version=saved.version, queued=queued, path=str(saved.path))
+    return live
+
+
 def serve_learner(
     cfg: RunConfig,
     listen: str = "127.0.0.1:8470",
@@ -91,28 +207,15 @@ def serve_learner(
     (run_dir / "live").mkdir(exist_ok=True)
     address = run_dir / "live" / "learner.json"
     address.unlink(missing_ok=True)
-    torch.manual_seed(cfg.seed)
+    configure_torch(cfg)
     base, pretrain_info = resolve_base_model(cfg, show_progress)
-    task = make_task(cfg.task)
-    saved = None
-    if resume:
-        path = latest_state(run_dir / "live" / "state")
-        assert path is not None, "checked by _check_run_dir"
-        learner = make_learner(cfg, str(path / "model"))
-        saved = restore_learner_state(learner, path)
-        _truncate(run_dir / "metrics.jsonl", int(saved.extra["metrics_bytes"]))
-    else:
-        learner = make_learner(cfg, base)
     with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
-        if saved is not None:
-            bar.advance(saved.version)
-        recorder = RunRecorder(cfg, run_dir, learner, task, bar)
-        extra = {"base_model": str(base), "pretrain": pretrain_info}
-        live = LiveLearner(cfg, run_dir, learner, recorder, EventLog(), saved, extra)
-        live.publish()
+        live = open_learner(cfg, run_dir, base, resume=resume, bar=bar)
+        live.loop.extra = {"base_model": str(base), "pretrain": pretrain_info, "clock": "wall"}
+        live.loop.start()  # the initial evaluation (fresh runs) and the current version's publication
         asyncio.run(serve_app(live, token, host, port, address))
     if live.summary is None:
         return None
-    summary = {**live.summary, "wall_seconds": live.elapsed_before + time.monotonic() - wall_start}
+    summary = {**live.summary, "wall_seconds": time.monotonic() - wall_start}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

@@ -1,4 +1,4 @@
-"""Checks shared by the live processes before they start: options, addresses, node names."""
+"""Checks shared by the live processes before they start: options, addresses, node indices."""
 
 from __future__ import annotations
 
@@ -10,12 +10,17 @@ class LiveSetupError(RuntimeError):
 
 
 def check_live_config(cfg: RunConfig) -> None:
-    """Options the live cluster does not implement are errors, not silently ignored."""
-    if cfg.cluster.eta is not None:
-        raise LiveSetupError(
-            "cluster.eta (AReaL's admission rule) is not implemented in live mode; bound staleness with "
-            "cluster.max_staleness, and the queue with live.max_queued_groups"
-        )
+    """Options the live cluster cannot honour are errors, never silently ignored."""
+    if cfg.live.emulate_links:
+        return
+    kinds = ("drop", "duplicate", "reorder", "corrupt")
+    for i, node in enumerate(cfg.cluster.samplers):
+        link = node.link
+        if any(getattr(f, k) > 0 for f in (link.weights_faults, link.rollout_faults) for k in kinds):
+            raise LiveSetupError(
+                f"cluster.samplers.{i}.link sets faults, which a live cluster injects only with "
+                "live.emulate_links: true (the real network brings its own otherwise)"
+            )
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -26,8 +31,7 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.removeprefix("[").removesuffix("]"), int(port)
 
 
-def node_name(cfg: RunConfig, index: int) -> str:
-    """The name of sampler node `index` (as the simulated cluster names it)."""
+def check_node_index(cfg: RunConfig, index: int) -> None:
+    """`--index` must name one of the config's sampler nodes."""
     if not 0 <= index < len(cfg.cluster.samplers):
         raise LiveSetupError(f"--index {index}: the config has {len(cfg.cluster.samplers)} sampler nodes")
-    return cfg.cluster.samplers[index].name or f"sampler-{index}"

@@ -50,6 +50,8 @@ REJECTION_STATUS = {
     "invalid": 422,
 }
 MAX_GROUP_ID_CHARS = 200
+ACKED = ("accepted", "duplicate")  # outcomes after which the group is the learner's
+RETRIED = ("busy", "finished")  # outcomes after which the group may still arrive (or the run is over)
 
 
 def body_digest(body: bytes) -> str:
@@ -95,7 +97,9 @@ class IntakeCounters:
 class Intake:
     """The learner's buffer, journal and group bookkeeping, shared by the HTTP handlers and the training thread."""
 
-    def __init__(self, buffer: RolloutBuffer, journal: Journal, base_limits: GroupLimits, max_queued: int) -> None:
+    def __init__(
+        self, buffer: RolloutBuffer, journal: Journal | None, base_limits: GroupLimits, max_queued: int
+    ) -> None:
         self.buffer, self.journal, self.max_queued = buffer, journal, max_queued
         self.base_limits = base_limits  # everything but the current version
         self.cond = threading.Condition()  # guards everything below; the training thread waits on it
@@ -137,7 +141,8 @@ class Intake:
             if len(self.buffer) >= self.max_queued:
                 self.counters.busy += 1
                 return Verdict(503, "busy", gid, f"{len(self.buffer)} groups queued")
-            self.journal.append(body)  # durable before it is acknowledged
+            if self.journal is not None:
+                self.journal.append(body)  # durable before it is acknowledged
             self.buffer.add(group)
             self.payloads[gid] = body
             self.counters.accepted += 1
@@ -170,6 +175,7 @@ class Intake:
         Rotating the journal under the lock splits accepted groups exactly: those in the queue or consumed now
         belong to the checkpoint, later ones to the segments from the returned index on.
         """
+        assert self.journal is not None, "a checkpoint of the queue needs the journal"
         with self.cond:
             queue = [self.payloads[g.group_id] for g in self.buffer.groups]
             return queue, sorted(self.consumed), self.journal.rotate()
@@ -203,14 +209,14 @@ class Intake:
             return {**data, "rejected": dict(data["rejected"])}
 
     def metrics(self) -> dict[str, float]:
-        """`live/*` counters for a metrics record (every rejection reason present, 0 when none)."""
+        """`net/*` counters for a metrics record (every rejection reason present, 0 when none)."""
         with self.cond:
             c = self.counters
             out = {
-                "live/accepted_total": float(c.accepted),
-                "live/duplicates_total": float(c.duplicates),
-                "live/busy_total": float(c.busy),
-                "live/queue": float(len(self.buffer)),
+                "net/accepted_total": float(c.accepted),
+                "net/duplicates_total": float(c.duplicates),
+                "net/busy_total": float(c.busy),
+                "net/queue": float(len(self.buffer)),
             }
-            out.update({f"live/rejected_{r}": float(c.rejected[r]) for r in REJECTION_STATUS})
+            out.update({f"net/rejected_{r}": float(c.rejected[r]) for r in REJECTION_STATUS})
         return out

@@ -1,8 +1,9 @@
-"""What the learner knows about its samplers: who was heard from when, at which version, how idle.
+"""What the learner knows about its samplers: who was heard from when, at which version, how idle, how many weight
+updates failed to apply there.
 
-Samplers only connect out, so the learner learns about them from their requests (the sampler name, its held
-version and its idle share travel as query parameters of GET /v1/weights). Thread-safe: the HTTP handlers
-write, the training thread reads for metrics.
+In a live cluster samplers only connect out, so the learner learns about them from their requests (name, held
+version, idle share and failed updates travel as query parameters of GET /v1/weights); the simulated driver
+reports its nodes directly. Thread-safe: HTTP handlers write, the training thread reads for metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ class PeerInfo:
     last_seen: float  # time.monotonic()
     version: int | None
     idle: float | None  # share of its uptime not spent generating, as it reported
+    failed: int = 0  # weight updates it could not apply (corrupt, wrong base), as it reported
 
 
 class Peers:
@@ -24,13 +26,16 @@ class Peers:
         self._lock = threading.Lock()
         self._peers: dict[str, PeerInfo] = {}
 
-    def heard(self, name: str, version: int | None = None, idle: float | None = None) -> None:
+    def heard(
+        self, name: str, version: int | None = None, idle: float | None = None, failed: int | None = None
+    ) -> None:
         with self._lock:
             old = self._peers.get(name)
             self._peers[name] = PeerInfo(
                 time.monotonic(),
                 version if version is not None else (old.version if old else None),
                 idle if idle is not None else (old.idle if old else None),
+                failed if failed is not None else (old.failed if old else 0),
             )
 
     def snapshot(self) -> dict[str, PeerInfo]:

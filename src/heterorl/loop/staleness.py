@@ -1,6 +1,7 @@
-"""The learner's rollout buffer: FIFO groups, HeteroRL's staleness window, batches with their staleness.
+"""Staleness control, clock-free and shared by every driver: the learner's rollout buffer with HeteroRL's window,
+and AReaL's admission rule for starting generations.
 
-Shared by every clock (simulated and live), so staleness is measured and controlled the same way everywhere.
+Staleness of a group = learner version when it is trained - the oldest weight version among its tokens.
 """
 
 from __future__ import annotations
@@ -64,3 +65,54 @@ class RolloutBuffer:
             "staleness_histogram": {str(k): v for k, v in sorted(self.staleness_hist.items())},
             "groups_dropped": self.dropped,
         }
+
+
+def staleness_window(max_staleness: int | None, eta: int | None) -> int | None:
+    """The learner-side window: `max_staleness`, tightened to `eta` when admission control is on.
+
+    Admission bounds staleness only if groups are trained in the order they were admitted; samplers of unequal
+    speed deliver out of order, so a group admitted early can arrive after later ones and be trained staler. As
+    AReaL does (capacity control at submission plus filtering of samples that became too stale), the learner
+    then drops the few groups over `eta`, so no trained group is ever staler than the bound.
+    """
+    if eta is None:
+        return max_staleness
+    return eta if max_staleness is None else min(max_staleness, eta)
+
+
+class Admission:
+    """AReaL's admission rule: a generation of n groups with weights of version v may start only while
+
+        started - released - dropped + n <= (eta + v + 1) * B
+
+    `started` counts the groups ever admitted, `released` those that will never reach the learner (refused, lost,
+    or held by a sampler that went away), `dropped` those the window discarded, B = groups per learner step.
+    The learner consumes B groups per version, so with groups trained in the order they were admitted, a group
+    generated at version v is trained at version <= v + eta: staleness <= eta. v is the version the generation
+    uses (the sampler's), not the learner's: a sampler whose weights lag must catch up before it may start.
+    `eta = None` admits everything.
+    """
+
+    def __init__(self, eta: int | None, groups_per_step: int) -> None:
+        self.eta, self.B = eta, groups_per_step
+        self.started = 0
+        self.released = 0
+
+    @property
+    def active(self) -> bool:
+        return self.eta is not None
+
+    def in_budget(self, dropped: int) -> int:
+        """Groups admitted that still count against the budget."""
+        return self.started - self.released - dropped
+
+    def try_start(self, n: int, version: int, dropped: int) -> bool:
+        """Admit n groups generated with weights of `version` (and count them) if the rule allows it."""
+        if self.eta is not None and self.in_budget(dropped) + n > (self.eta + version + 1) * self.B:
+            return False
+        self.started += n
+        return True
+
+    def release(self, n: int) -> None:
+        """n admitted groups will never arrive: give their budget back."""
+        self.released += n

@@ -6,9 +6,6 @@ seeded generator, so samplers that lost the learner together do not reconnect in
 failing for `live.patience_s` raises `LearnerUnreachableError`. A retried POST sends the same bytes: if the first
 attempt did arrive, the learner answers "duplicate" and queues nothing twice.
 
-`LinkEmulator` applies a node's `LinkConfig` for real when `live.emulate_links` is set: the delay model and the
-bandwidth term become sleeps (before sending a group, after receiving weights), and the fault injector drops,
-duplicates, delays (reorder) or corrupts (one byte flipped) messages, exactly as in the simulated cluster.
 """
 
 from __future__ import annotations
@@ -21,13 +18,13 @@ from typing import Any
 
 import aiohttp
 
-from heterorl.config import LinkConfig, LiveConfig
+from heterorl.config import LiveConfig
 from heterorl.live.eventlog import EventLog
-from heterorl.network import Link, LinkPath
 
 RETRY_STATUS = frozenset({502, 503, 504})
 DIGEST_HEADER = "X-Heterorl-Digest"
 FINISHED = "finished"
+FINISHED_WAIT = -1.0  # `admit`'s answer once the run is finished
 
 
 class LearnerUnreachableError(RuntimeError):
@@ -119,10 +116,11 @@ class LearnerClient:
         return json.loads(body)
 
     async def pull(
-        self, version: int | None, state_hash: str | None, wait_s: float, idle: float | None
+        self, version: int | None, state_hash: str | None, wait_s: float, idle: float | None, failed: int = 0
     ) -> bytes | str | None:
-        """A weight-update envelope, None when already current, or FINISHED."""
-        params = {"sampler": self.name, "wait": f"{wait_s:g}"}
+        """A weight-update envelope, None when already current, or FINISHED. The sampler reports its idle share
+        and how many updates it failed to apply (the learner's metrics show them)."""
+        params = {"sampler": self.name, "wait": f"{wait_s:g}", "failed": str(failed)}
         if version is not None and state_hash is not None:
             params.update(version=str(version), hash=state_hash)
         if idle is not None:
@@ -135,6 +133,23 @@ class LearnerClient:
         if status == 410:
             return FINISHED
         raise ProtocolError(f"GET /v1/weights answered {status}: {body[:200]!r}")
+
+    async def admit(self, n: int, version: int) -> float | None:
+        """Ask to start generating n groups with weights of `version` (AReaL's admission rule): None when granted,
+        else the seconds to wait before asking again (the learner's Retry-After)."""
+        params = {"sampler": self.name, "n": str(n), "version": str(version)}
+        status, body = await self._request("POST", "/v1/admission", params=params)
+        if status == 200:
+            return None
+        if status == 410:
+            return FINISHED_WAIT
+        if status == 429:
+            try:
+                wait = float(json.loads(body)["retry_after"])
+            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+                wait = self.cfg.backoff_initial_s
+            return min(max(wait, 0.01), self.cfg.backoff_max_s)
+        raise ProtocolError(f"POST /v1/admission answered {status}: {body[:200]!r}")
 
     async def push(self, payload: bytes, digest: str) -> str:
         """POST one encoded group (with the digest of the bytes as generated): "accepted", "duplicate", FINISHED,
@@ -149,28 +164,3 @@ class LearnerClient:
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
             outcome = None
         return outcome if isinstance(outcome, str) else f"http_{status}"
-
-
-class LinkEmulator:
-    """A node's link applied to real messages (delays as sleeps, faults as drops/copies/flipped bytes)."""
-
-    def __init__(self, cfg: LinkConfig | None, seed: int, index: int) -> None:
-        self.link = None if cfg is None else Link(cfg, seed=seed, index=index)
-
-    async def _transmit(self, path: LinkPath, payload: bytes) -> list[bytes]:
-        if self.link is None:
-            return [payload]
-        start = time.monotonic()
-        out = []
-        for delivery in sorted(self.link.transmit(path, payload, 0.0), key=lambda d: d.at):
-            await asyncio.sleep(max(0.0, start + delivery.at - time.monotonic()))
-            out.append(delivery.payload)
-        return out
-
-    async def outbound(self, payload: bytes) -> list[bytes]:
-        """A group on its way to the learner: [] (dropped), [payload], or two copies; after the delay."""
-        return await self._transmit("rollout", payload)
-
-    async def inbound(self, payload: bytes) -> list[bytes]:
-        """A weight update that has arrived: what the sampler gets to apply, after the delay."""
-        return await self._transmit("weights", payload)

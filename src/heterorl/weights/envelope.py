@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import re
 
-from heterorl.framing import frame, non_negative_int, unframe
-from heterorl.weights import Update
+from heterorl.framing import frame, frame_nbytes, non_negative_int, unframe
+from heterorl.weights.store import Update
 
 MAGIC = b"HRLWUPD1"
 MAX_HEADER_BYTES = 4096
@@ -27,20 +27,27 @@ class EnvelopeError(ValueError):
     """A weight-update envelope that cannot be parsed."""
 
 
-def encode_update(update: Update) -> bytes:
-    """Frame a snapshot and/or patch update (not a noop)."""
+def _header(update: Update) -> dict:
     if update.kind == "noop":
         raise ValueError("a noop update is not sent (the service answers 204)")
-    snapshot, patch = update.snapshot or b"", update.patch or b""
-    header = {
+    return {
         "version": update.version,
         "state_hash": update.state_hash,
         "base_version": update.base_version,
         "kind": update.kind,
-        "snapshot_nbytes": len(snapshot),
-        "patch_nbytes": len(patch),
+        "snapshot_nbytes": len(update.snapshot or b""),
+        "patch_nbytes": len(update.patch or b""),
     }
-    return frame(MAGIC, header, snapshot + patch)
+
+
+def encode_update(update: Update) -> bytes:
+    """Frame a snapshot and/or patch update (not a noop)."""
+    return frame(MAGIC, _header(update), (update.snapshot or b"") + (update.patch or b""))
+
+
+def envelope_nbytes(update: Update) -> int:
+    """len(encode_update(update)), without copying the payload: what the update costs on the wire."""
+    return frame_nbytes(MAGIC, _header(update)) + update.nbytes
 
 
 def _int_field(header: dict, key: str) -> int:
