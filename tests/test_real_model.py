@@ -8,77 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config
+from transformers import AutoModelForCausalLM
 
-from conftest import capture_records
-from heterorl.config import load_config
+from conftest import capture_records, math_config
 from heterorl.loop.build import build_sampler
 from heterorl.run import build_simulated, execute
 from heterorl.weights import load_snapshot
-
-DATA = Path(__file__).parent / "data" / "math_small.jsonl"
-CHAT = (
-    "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
-
-
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen3 and a 400-token byte-level BPE tokenizer trained on the problems, saved like a hub model."""
-    path = tmp_path_factory.mktemp("qwen3-tiny")
-    texts = [json.loads(line)["problem"] for line in DATA.read_text().splitlines()]
-    backend = Tokenizer(models.BPE(unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    special = ["<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    backend.train_from_iterator([*texts, "\\boxed{12} 0123456789 + - * / = ( )"], trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
-    )
-    tok.chat_template = CHAT
-    tok.save_pretrained(path)
-    cfg = Qwen3Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    return path
-
-
-def math_config(model_dir: Path, *overrides: str):
-    return load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            "task.name=math",
-            f"task.path={DATA}",
-            "task.chat_template=true",
-            "task.eval_size=8",
-            "sampler.group_size=4",
-            "sampler.max_new_tokens=6",
-            "learner.steps=3",
-            "learner.groups_per_step=4",
-            "learner.lr=1e-3",
-            "eval.every=3",
-            "objective.name=gepo",
-            *overrides,
-        ],
-    )
 
 
 def test_math_run_with_math_verify_rewards(qwen_dir: Path, tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ import typer
 
 from heterorl.config import config_to_yaml, load_config
 from heterorl.report import ReportError, ReportResult, make_report, report_command
-from heterorl.report.export import MissingPackageError, scalars, tensorboard_export, wandb_export
 from heterorl.report.runs import flatten, group_runs, load_run
+from heterorl.sinks import MissingPackageError, scalars, tensorboard_export, wandb_export
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

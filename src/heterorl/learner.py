@@ -120,6 +120,7 @@ class Learner:
                 "perf/groups": float(len(groups)),
                 "perf/tokens": float(batch.num_tokens),
                 "perf/completion_len": batch.num_tokens / rewards.numel(),
+                "perf/prompt_len": float(batch.prompt_mask_BP.sum()) / rewards.numel(),
             }
         )
         return stats

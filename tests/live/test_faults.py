@@ -15,7 +15,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from heterorl.config import FaultConfig, LinkConfig
-from heterorl.live.eventlog import EventLog
+from heterorl.eventlog import EventLog
 from heterorl.live.sampler_node import LiveSampler
 from heterorl.loop.sampler_loop import SamplerWorker
 from heterorl.policy import Policy, SamplingParams

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import tiny_config
 from heterorl.config import config_to_yaml, load_config
+from heterorl.eventlog import read_events
 from heterorl.live import launcher as live_module
-from heterorl.live.eventlog import read_events
 from heterorl.live.launcher import LiveRunError, run_live
 from heterorl.metrics import read_metrics
 

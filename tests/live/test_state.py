@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from heterorl.live.eventlog import EventLog
+from heterorl.eventlog import EventLog
 from heterorl.live.learner_node import LiveLearner, open_learner
 from heterorl.loop.build import build_learner
 from heterorl.loop.journal import Journal, read_segment, segment_indices

@@ -18,7 +18,7 @@ import torch
 from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import tiny_config
-from heterorl.live.eventlog import EventLog
+from heterorl.eventlog import EventLog
 from heterorl.live.learner_node import LiveLearner, open_learner
 from heterorl.loop.intake import REJECTION_STATUS, body_digest
 from heterorl.loop.run_dir import prepare_run_dir

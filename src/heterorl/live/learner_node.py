@@ -25,7 +25,7 @@ import yaml
 
 from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
-from heterorl.live.eventlog import EventLog
+from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
 from heterorl.loop.build import build_learner, build_task, configure_torch, resolve_base_model
 from heterorl.loop.journal import Journal, segment_indices

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from heterorl.config import RunConfig
-from heterorl.live.eventlog import EventLog
+from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, check_node_index
 from heterorl.loop.build import build_sampler, configure_torch, sampler_seed
 from heterorl.loop.intake import ACKED, body_digest

@@ -10,11 +10,12 @@ busy (503, the queue is full: the sampler retries later), finished (410), or a r
 | too_large | 413 | body over `live.max_body_bytes` |
 | corrupt | 400 | the body's xxh3-128 differs from the `X-Heterorl-Digest` header the sampler sent |
 | malformed | 400 | not a rollout message: framing, header JSON, array sizes |
-| too_long | 422 | prompt over `model.max_positions` or completion over `sampler.max_new_tokens` tokens |
+| too_long | 422 | completion over `sampler.max_new_tokens`, or prompt + completion over the model's context |
 | out_of_vocab | 422 | a token id outside the learner's vocabulary |
 | bad_logprobs | 422 | a behaviour log-prob that is not finite or is > 0 |
 | future_version | 422 | a token version newer than the newest published one (or negative) |
 | group_size | 422 | not `sampler.group_size` completions |
+| prompt_mismatch | 422 | prompt ids other than the learner's tokenization of the prompt (tokenizer, chat template) |
 | bad_rewards | 422 | a non-finite reward |
 | invalid | 422 | any other content check (empty prompt, over-long group id) |
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import xxhash
@@ -46,6 +48,7 @@ REJECTION_STATUS = {
     "bad_logprobs": 422,
     "future_version": 422,
     "group_size": 422,
+    "prompt_mismatch": 422,
     "bad_rewards": 422,
     "invalid": 422,
 }
@@ -82,25 +85,33 @@ class IntakeCounters:
     busy: int = 0
     tokens: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
+    info: Counter[str] = field(default_factory=Counter)  # the accepted groups' `info` counts, summed
 
     def to_json(self) -> dict:
         return {
             **{k: getattr(self, k) for k in ("accepted", "duplicates", "busy", "tokens")},
             "rejected": self.rejected,
+            "info": self.info,
         }
 
     @classmethod
     def from_json(cls, data: dict) -> IntakeCounters:
-        return cls(**{**data, "rejected": Counter(data["rejected"])})
+        return cls(**{**data, "rejected": Counter(data["rejected"]), "info": Counter(data.get("info", {}))})
 
 
 class Intake:
     """The learner's buffer, journal and group bookkeeping, shared by the HTTP handlers and the training thread."""
 
     def __init__(
-        self, buffer: RolloutBuffer, journal: Journal | None, base_limits: GroupLimits, max_queued: int
+        self,
+        buffer: RolloutBuffer,
+        journal: Journal | None,
+        base_limits: GroupLimits,
+        max_queued: int,
+        prompt_ids: Callable[[str], list[int]] | None = None,
     ) -> None:
         self.buffer, self.journal, self.max_queued = buffer, journal, max_queued
+        self.prompt_ids = prompt_ids  # the learner's own tokenization of a prompt text
         self.base_limits = base_limits  # everything but the current version
         self.cond = threading.Condition()  # guards everything below; the training thread waits on it
         self.counters = IntakeCounters()
@@ -111,7 +122,14 @@ class Intake:
 
     def limits(self, current_version: int) -> GroupLimits:
         b = self.base_limits
-        return GroupLimits(b.vocab_size, current_version, b.group_size, b.max_prompt_tokens, b.max_completion_tokens)
+        return GroupLimits(
+            b.vocab_size,
+            current_version,
+            b.group_size,
+            b.max_prompt_tokens,
+            b.max_completion_tokens,
+            b.max_total_tokens,
+        )
 
     # ---------------------------------------------------------------- network side
     def reject(self, reason: str, detail: str = "") -> Verdict:
@@ -131,6 +149,8 @@ class Intake:
             return self.reject(rejection_reason(err), str(err))
         if len(group.group_id) > MAX_GROUP_ID_CHARS:
             return self.reject("invalid", f"group id longer than {MAX_GROUP_ID_CHARS} characters")
+        if self.prompt_ids is not None and self.prompt_ids(group.prompt) != group.prompt_ids_P.tolist():
+            return self.reject("prompt_mismatch", "prompt ids differ from the learner's tokenization of the prompt")
         gid = group.group_id
         with self.cond:
             if self.finished:
@@ -147,6 +167,7 @@ class Intake:
             self.payloads[gid] = body
             self.counters.accepted += 1
             self.counters.tokens += group.num_tokens
+            self.counters.info.update(group.info)
             self.cond.notify_all()
         return Verdict(200, "accepted", gid)
 
@@ -199,6 +220,7 @@ class Intake:
                 if fresh:
                     self.counters.accepted += 1
                     self.counters.tokens += group.num_tokens
+                    self.counters.info.update(group.info)
             return len(self.buffer)
 
     # ---------------------------------------------------------------- reporting
@@ -206,7 +228,7 @@ class Intake:
         """The counters as JSON (a consistent copy)."""
         with self.cond:
             data = self.counters.to_json()
-            return {**data, "rejected": dict(data["rejected"])}
+            return {**data, "rejected": dict(data["rejected"]), "info": dict(data["info"])}
 
     def metrics(self) -> dict[str, float]:
         """`net/*` counters for a metrics record (every rejection reason present, 0 when none)."""

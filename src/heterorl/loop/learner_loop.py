@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from heterorl.config import RunConfig
+from heterorl.frictions import KINDS as FRICTION_KINDS
+from heterorl.frictions import frictions_active
 from heterorl.learner import Learner
 from heterorl.loop.intake import ACKED, RETRIED, Intake, IntakeCounters, Verdict
 from heterorl.loop.journal import Journal
@@ -69,16 +71,20 @@ class LearnerLoop:
         self.store = self.publisher.store
         self.traffic = WeightTraffic()
         self.peers = Peers()
+        model_cfg = learner.policy.model.config
+        context = int(getattr(model_cfg, "max_position_embeddings", cfg.model.max_positions))
         limits = GroupLimits(
-            vocab_size=int(learner.policy.model.config.vocab_size),
+            vocab_size=int(model_cfg.vocab_size),
             current_version=0,
             group_size=cfg.sampler.group_size,
-            max_prompt_tokens=cfg.model.max_positions,
+            max_prompt_tokens=context - 1,
             max_completion_tokens=cfg.sampler.max_new_tokens,
+            max_total_tokens=context,
         )
         eta = cfg.cluster.eta if cfg.cluster.mode == "async" else None
         window = staleness_window(cfg.cluster.max_staleness, eta)
-        self.intake = Intake(RolloutBuffer(window), journal, limits, cfg.live.max_queued_groups)
+        text = learner.policy.text
+        self.intake = Intake(RolloutBuffer(window), journal, limits, cfg.live.max_queued_groups, text.prompt_ids)
         self.admission = Admission(eta, self.B)
         self.published_version = -1  # the newest version handed to the publisher
         self.busy_seconds = 0.0  # clock seconds spent training
@@ -188,6 +194,9 @@ class LearnerLoop:
                 record[f"sampler/{name}/idle"] = peer.idle
             failed += peer.failed
         record["net/weights_failed_total"] = float(failed)
+        if frictions_active(self.cfg.sampler.frictions):
+            info = self.intake.counters.info
+            record.update({f"frictions/{kind}_total": float(info[kind]) for kind in FRICTION_KINDS})
         return record
 
     def full_update_nbytes(self) -> int:

@@ -82,7 +82,7 @@ class RunRecorder:
         """The optional sinks (TensorBoard, offline W&B), written from the complete metrics.jsonl."""
         sinks = self.cfg.metrics
         if sinks.tensorboard or sinks.wandb:
-            from heterorl.report import tensorboard_export, wandb_export
+            from heterorl.sinks import tensorboard_export, wandb_export
 
             if sinks.tensorboard:
                 tensorboard_export(self.run_dir)

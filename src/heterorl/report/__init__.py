@@ -2,14 +2,15 @@
 
 - `runs`: reading run directories; grouping runs that differ only by seed; naming groups by the keys that differ.
 - `stats`: per-run numbers from metrics.jsonl and their mean ± std over seeds, baseline comparison.
-- `plots`: the PNG figures. `document`: report.md / report.json (`make_report`). `export`: optional sinks.
+- `plots`: the PNG figures. `document`: report.md / report.json (`make_report`). The optional sinks (TensorBoard,
+  W&B) live in `heterorl.sinks`, below the loop that writes them, and are re-exported here.
 - `command`: the `heterorl report` command function.
 """
 
 from heterorl.report.command import report_command
 from heterorl.report.document import ReportResult, make_report
-from heterorl.report.export import MissingPackageError, tensorboard_export, wandb_export
 from heterorl.report.runs import ReportError
+from heterorl.sinks import MissingPackageError, tensorboard_export, wandb_export
 
 __all__ = [
     "MissingPackageError",

@@ -15,7 +15,7 @@ import yaml
 
 from heterorl.config import ConfigError, parse_override
 from heterorl.metrics import read_metrics
-from heterorl.sweep import short_keys
+from heterorl.naming import short_keys
 
 DISCRIMINATORS = ("name", "kind")  # the keys that choose an implementation (config.py's discriminated unions)
 MISSING = "unset"  # how a key absent from a run's config is shown (another objective or delay model, say)

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from heterorl.config import LiveConfig
-from heterorl.live.eventlog import EventLog
+from heterorl.eventlog import EventLog
 
 RETRY_STATUS = frozenset({502, 503, 504})
 DIGEST_HEADER = "X-Heterorl-Digest"
