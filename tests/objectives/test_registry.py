@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from heterorl.config import OBJECTIVE_CONFIGS, DecoupledPPOConfig, GEPOConfig, GRPOConfig, RunConfig
+from heterorl.config import (
+    OBJECTIVE_CONFIGS,
+    ConfigError,
+    DecoupledPPOConfig,
+    GEPOConfig,
+    GRPOConfig,
+    RunConfig,
+    load_config,
+)
 from heterorl.objectives import OBJECTIVES, hyperparameter_names, make_objective, objective_from_config
 
 
@@ -143,3 +151,15 @@ def test_options_decide_the_extra_forward_passes():
 def test_config_keeps_the_objective_name_first():
     assert next(iter(GRPOConfig.model_fields)) == "name"
     assert next(iter(RunConfig().objective.model_dump())) == "name"
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVE_CONFIGS))
+def test_run_config_parses_every_objective_by_name(name: str):
+    assert type(RunConfig(objective={"name": name}).objective) is OBJECTIVE_CONFIGS[name]
+
+
+def test_objective_options_without_a_name_apply_to_the_default_objective():
+    cfg = load_config(None, ["objective.ref_kl_beta=0.04", "objective.mask_truncated=true"])
+    assert cfg.objective == GRPOConfig(ref_kl_beta=0.04, mask_truncated=True)
+    with pytest.raises(ConfigError, match=r"'ppo2' .* expected tags: 'grpo', 'gspo'"):
+        load_config(None, ["objective.name=ppo2"])

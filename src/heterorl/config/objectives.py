@@ -8,9 +8,9 @@ formulas.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from heterorl.config.base import Strict
 
@@ -200,9 +200,27 @@ class ISPGConfig(ObjectiveOptions):
     normalize_advantages: bool = Field(False, description="Divide group-centred advantages by the group std.")
 
 
+DEFAULT_OBJECTIVE = "grpo"  # RunConfig's default objective
+
+
+def _objective_name(value: Any) -> str | None:
+    """The discriminator: the `name` of a config or raw mapping; a mapping without one (`--set objective.x=...` on a
+    config that names no objective) means the default objective."""
+    if isinstance(value, dict):
+        return value.get("name", DEFAULT_OBJECTIVE)
+    return getattr(value, "name", None)
+
+
 _CONFIGS = (GRPOConfig, GSPOConfig, GEPOConfig, DGConfig, DecoupledPPOConfig, CISPOConfig, PGConfig, ISPGConfig)
 ObjectiveConfig = Annotated[
-    GRPOConfig | GSPOConfig | GEPOConfig | DGConfig | DecoupledPPOConfig | CISPOConfig | PGConfig | ISPGConfig,
-    Field(discriminator="name"),
+    Annotated[GRPOConfig, Tag("grpo")]
+    | Annotated[GSPOConfig, Tag("gspo")]
+    | Annotated[GEPOConfig, Tag("gepo")]
+    | Annotated[DGConfig, Tag("dg")]
+    | Annotated[DecoupledPPOConfig, Tag("decoupled_ppo")]
+    | Annotated[CISPOConfig, Tag("cispo")]
+    | Annotated[PGConfig, Tag("pg")]
+    | Annotated[ISPGConfig, Tag("is_pg")],
+    Discriminator(_objective_name),
 ]
 OBJECTIVE_CONFIGS: dict[str, type[Strict]] = {c.model_fields["name"].default: c for c in _CONFIGS}
