@@ -2,6 +2,7 @@
 equivalence to PG."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -173,3 +174,12 @@ def test_on_policy_gradient_equals_pg(name: str, hp: dict, aggregation: str):
     assert stats["is_weight_mean"] == pytest.approx(1.0)
     assert stats["ess"] == pytest.approx(1.0)
     assert stats.get("clip_frac", 0.0) == 0.0
+
+
+def test_every_stat_key_is_documented():
+    """docs/objectives.md's stats table defines every key an objective (or the learner, for truncation) reports."""
+    table = (Path(__file__).resolve().parents[2] / "docs" / "objectives.md").read_text()
+    keys = {"truncated_frac", "overlong_penalty_mean"}  # the learner's, logged under obj/ with the objective's
+    for name, hp in VARIANTS:
+        keys |= set(loss_and_grad(name, make_batch(), **hp)[2])
+    assert sorted(k for k in keys if f"| `{k}` |" not in table) == []
