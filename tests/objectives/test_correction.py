@@ -103,6 +103,8 @@ def test_huge_weights_are_capped_without_overflow():
         corr = behaviour_correction(prox, behavior, mask, cfg)
         torch.testing.assert_close(corr.weight_BT, torch.full((1, 2), expected))
         assert corr.stats["cap_frac_high"].item() == 1.0
+        assert not any(v.isnan() for v in corr.stats.values())  # the weight stats saturate instead
+        assert corr.stats["is_weight_max"].item() == math.inf
 
 
 @pytest.mark.parametrize(("mode", "level"), [("clamp", "token"), ("mask", "sequence"), ("mask", "geometric")])
