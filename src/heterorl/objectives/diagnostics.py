@@ -1,4 +1,4 @@
-"""Diagnostics every objective reports (algorithms.md section 8): learner–sampler KL, importance-weight statistics,
+"""Diagnostics every objective reports (docs/objectives.md): learner–sampler KL, importance-weight statistics,
 clip and gate fractions. All are computed without gradient, in float64 where weights can be huge (a 50-nat gap is a
 weight of 5e21, whose square overflows float32), and from log-weights where that avoids overflow altogether.
 """

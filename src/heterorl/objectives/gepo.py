@@ -1,4 +1,4 @@
-"""GEPO: group-expectation importance weight shared by the completions of one prompt (algorithms.md section 4)."""
+"""GEPO: group-expectation importance weight shared by the completions of one prompt (docs/objectives.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GRPO: token-level importance ratio with the PPO clip (algorithms.md section 2), optionally dual-clipped and with
+"""GRPO: token-level importance ratio with the PPO clip (docs/objectives.md), optionally dual-clipped and with
 a capped behaviour weight (TIS / MIS)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""GSPO: one length-normalised importance ratio per sequence with a narrow clip (algorithms.md section 3)."""
+"""GSPO: one length-normalised importance ratio per sequence with a narrow clip (docs/objectives.md)."""
 
 from __future__ import annotations
 
