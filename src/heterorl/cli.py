@@ -73,23 +73,29 @@ def run(
     live: Annotated[
         bool, typer.Option("--live", help="Learner and samplers as local processes over HTTP, real clocks.")
     ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the run already in --run-dir (default: refuse).")
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Post-train a model with RL on the simulated cluster (or, with --live, on local processes) and write a run
     directory."""
     cfg = _load(config, set_)
-    from heterorl.loop.run_dir import new_run_dir
-    from heterorl.run import execute
+    from heterorl.api import Trainer
+    from heterorl.loop.run_dir import RunDirError
 
-    target = run_dir or new_run_dir(name=config.stem if config else "run")
-    if live:
-        from heterorl.live.launcher import run_live
+    trainer = Trainer(cfg, run_dir=run_dir, show_progress=not quiet, overwrite=overwrite)
+    if config is not None and run_dir is None:
+        from heterorl.loop.run_dir import new_run_dir
 
-        with _live_errors():
-            summary = run_live(cfg, target, show_progress=not quiet)
-    else:
-        summary = execute(cfg, target, show_progress=not quiet)
-    _print_summary(summary, target)
+        trainer.run_dir = new_run_dir(name=config.stem)
+    with _live_errors():
+        try:
+            summary = trainer.fit(clock="live" if live else "simulated")
+        except RunDirError as exc:
+            typer.secho(str(exc), fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+    _print_summary(summary, trainer.run_dir)
 
 
 @app.command()

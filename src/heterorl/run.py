@@ -15,7 +15,7 @@ from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.loop.build import build_learner, build_sampler, build_task, configure_torch, resolve_base_model
 from heterorl.loop.learner_loop import LearnerLoop
-from heterorl.loop.recorder import RunRecorder
+from heterorl.loop.recorder import Observer, RunRecorder
 from heterorl.loop.run_dir import prepare_run_dir
 from heterorl.loop.sampler_loop import SamplerWorker
 from heterorl.simulated.cluster import SimulatedCluster
@@ -33,14 +33,22 @@ def build_simulated(cfg: RunConfig, run_dir: Path, base: str, bar: Bar | None = 
     return SimulatedCluster(cfg, loop, workers, events)
 
 
-def execute(cfg: RunConfig, run_dir: str | Path, show_progress: bool = True) -> dict[str, Any]:
-    """Run `cfg` on the simulated cluster into `run_dir`; returns the summary (also in summary.json)."""
+def execute(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    show_progress: bool = True,
+    overwrite: bool = False,
+    observer: Observer | None = None,
+) -> dict[str, Any]:
+    """Run `cfg` on the simulated cluster into `run_dir` (refused if it holds a run, unless `overwrite`); returns
+    the summary (also in summary.json). `observer` sees every record and may ask the run to finish early."""
     wall_start = time.monotonic()
-    run_dir = prepare_run_dir(cfg, run_dir)
+    run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite)
     configure_torch(cfg)
     base, pretrain_info = resolve_base_model(cfg, show_progress)
     with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
         cluster = build_simulated(cfg, run_dir, base, bar)
+        cluster.loop.recorder.observer = observer
         try:
             cluster.run()
         finally:

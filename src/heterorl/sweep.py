@@ -298,7 +298,7 @@ def execute_run(cfg: RunConfig, run_dir: Path) -> None:
     """The default runner: `heterorl.run.execute`, imported here so that the sweep module stays torch-free."""
     from heterorl.run import execute
 
-    execute(cfg, run_dir, show_progress=False)
+    execute(cfg, run_dir, show_progress=False, overwrite=True)  # a point without summary.json starts over
 
 
 def _run_one(runner: Runner, cfg: RunConfig, run_dir: Path) -> float:

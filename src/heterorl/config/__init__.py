@@ -59,6 +59,7 @@ from heterorl.config.tasks import (
     TaskConfig,
 )
 from heterorl.config.training import (
+    CheckpointConfig,
     EvalConfig,
     FrictionConfig,
     LearnerConfig,
@@ -79,6 +80,7 @@ __all__ = [
     "CapLevel",
     "CapMode",
     "CappedObjective",
+    "CheckpointConfig",
     "ClusterConfig",
     "ConfigError",
     "DGConfig",

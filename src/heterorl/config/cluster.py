@@ -29,6 +29,17 @@ class ClusterConfig(Strict):
     learner_seconds_per_token: float = Field(0.0, ge=0.0, description="Extra virtual cost per trained token (s).")
     max_staleness: int | None = Field(None, ge=0, description="HeteroRL window: drop groups older than this.")
     eta: int | None = Field(None, ge=0, description="AReaL admission bound on versions ahead; 0 = synchronous.")
+    max_queued_steps: int | None = Field(
+        4,
+        ge=1,
+        description="Backpressure (async): a sampler starts no new generation while the groups queued at the learner "
+        "or being generated would exceed this many learner steps' worth; None = unbounded.",
+    )
+    consume: Literal["oldest", "freshest"] = Field(
+        "oldest",
+        description="Which eligible groups a learner step takes first: the oldest (arrival order) or the freshest "
+        "(newest weight version first; older ones wait, and the window drops them if they age out).",
+    )
 
 
 # --- weights

@@ -15,6 +15,7 @@ from heterorl.config.model import ModelConfig
 from heterorl.config.objectives import GRPOConfig, ObjectiveConfig
 from heterorl.config.tasks import AdditionTaskConfig, TaskConfig
 from heterorl.config.training import (
+    CheckpointConfig,
     EvalConfig,
     LearnerConfig,
     MetricsConfig,
@@ -35,6 +36,7 @@ class RunConfig(Strict):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     objective: ObjectiveConfig = Field(default_factory=GRPOConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)

@@ -43,6 +43,11 @@ class LearnerConfig(Strict):
     steps: int = Field(100, ge=1, description="Learner steps (batches) to run; one weight version per step.")
     groups_per_step: int = Field(16, ge=1, description="Rollout groups (prompts) per learner step.")
     updates_per_batch: int = Field(1, ge=1, description="Optimizer steps per batch (minibatches of the batch).")
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO's dynamic sampling: a group whose rewards are all equal (no advantage, no gradient) is "
+        "filtered at the learner and generated again, so every batch is informative.",
+    )
     micro_batch_tokens: int | None = Field(
         None,
         ge=1,
@@ -89,6 +94,17 @@ class PretrainConfig(Strict):
 
 class EvalConfig(Strict):
     every: int = Field(20, ge=1, description="Learner steps between held-out greedy evaluations.")
+
+
+class CheckpointConfig(Strict):
+    """Model checkpoints during a run (transformers directories under <run_dir>/checkpoints/); the final weights
+    always go to <run_dir>/checkpoint/."""
+
+    every: int | None = Field(None, ge=1, description="Write checkpoints/step-N every N learner steps; None: never.")
+    keep_last: int = Field(2, ge=1, le=1_000_000, description="How many periodic checkpoints to keep (newest).")
+    keep_best: bool = Field(
+        True, description="Keep checkpoints/best: the weights of the best held-out accuracy so far (best.json says)."
+    )
 
 
 class MetricsConfig(Strict):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,6 +22,7 @@ from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.live.preflight import check_live_config
 from heterorl.loop.build import resolve_base_model
+from heterorl.loop.recorder import Observer
 from heterorl.loop.run_dir import prepare_run_dir
 from heterorl.transport.http.auth import configured_token, new_token
 
@@ -73,10 +75,11 @@ class ProcessGroup:
 
 
 class MetricsFollower:
-    """Advances a progress bar from the records appended to metrics.jsonl (complete lines only)."""
+    """Advances a progress bar from the records appended to metrics.jsonl (complete lines only), and hands each
+    record to the observer (`heterorl.api.Trainer`) if there is one."""
 
-    def __init__(self, path: Path, bar: Bar) -> None:
-        self.path, self.bar, self.offset = path, bar, 0
+    def __init__(self, path: Path, bar: Bar, observer: Observer | None = None) -> None:
+        self.path, self.bar, self.offset, self.observer = path, bar, 0, observer
         self.steps = 0
 
     def poll(self) -> None:
@@ -89,6 +92,8 @@ class MetricsFollower:
         self.offset += len(complete)
         for line in complete.splitlines():
             record = json.loads(line)
+            if self.observer is not None:
+                self.observer.observe(record)
             if record.get("kind") == "train":
                 self.steps = record["step"]
                 self.bar.advance(1, reward=record["reward/mean"], stale=record["stale/mean"])
@@ -120,11 +125,19 @@ def child_env(cfg: RunConfig, token: str) -> dict[str, str]:
     return env
 
 
-def run_live(cfg: RunConfig, run_dir: str | Path, show_progress: bool = True) -> dict[str, Any]:
-    """Run `cfg` on a live local cluster (one learner + one process per sampler node) into `run_dir`."""
+def run_live(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    show_progress: bool = True,
+    overwrite: bool = False,
+    observer: Observer | None = None,
+) -> dict[str, Any]:
+    """Run `cfg` on a live local cluster (one learner + one process per sampler node) into `run_dir` (refused if
+    it holds a run, unless `overwrite`). `observer` sees every record as the learner writes it; when it asks to
+    stop, the learner is told to finish (SIGUSR1: last evaluation, checkpoint, summary)."""
     wall_start = time.monotonic()
     check_live_config(cfg)
-    run_dir = prepare_run_dir(cfg, run_dir)
+    run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite)
     live_dir = run_dir / "live"
     live_dir.mkdir(exist_ok=True)
     resolve_base_model(cfg, show_progress)
@@ -141,9 +154,15 @@ def run_live(cfg: RunConfig, run_dir: str | Path, show_progress: bool = True) ->
         _wait_for_url(address, procs, cfg.live.startup_timeout_s)
         learner = procs.procs["learner"][0]
         with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
-            follower = MetricsFollower(run_dir / "metrics.jsonl", bar)
+            follower = MetricsFollower(run_dir / "metrics.jsonl", bar, observer)
+            if observer is not None:
+                observer.started()
+            told = False
             while learner.poll() is None:
                 follower.poll()
+                if observer is not None and observer.stop_requested and not told:
+                    learner.send_signal(signal.SIGUSR1)
+                    told = True
                 for name in names:
                     procs.check(name)
                 time.sleep(POLL_S)

@@ -58,9 +58,13 @@ class LiveLearner:
         self.notify()
 
     def request_stop(self) -> None:
-        """Finish the current step, checkpoint, return from `train` (SIGTERM / SIGINT)."""
+        """Finish the current step, checkpoint, return from `train` (SIGTERM / SIGINT): resumable."""
         self.stop.set()
         self.loop.intake.close()
+
+    def request_finish(self) -> None:
+        """End the run after the current step, as if it were the last (SIGUSR1): final evaluation and summary."""
+        self.loop.request_finish()
 
     def train(self) -> None:
         """The loop's steps on the wall clock until `learner.steps` or a stop request; checkpoints on the way."""
@@ -203,7 +207,7 @@ def serve_learner(
     run_dir = Path(run_dir)
     _check_run_dir(cfg, run_dir, resume)
     token = resolve_learner_token(cfg)
-    run_dir = prepare_run_dir(cfg, run_dir)
+    run_dir = prepare_run_dir(cfg, run_dir, resume=resume)
     (run_dir / "live").mkdir(exist_ok=True)
     address = run_dir / "live" / "learner.json"
     address.unlink(missing_ok=True)

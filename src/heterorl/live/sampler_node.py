@@ -52,7 +52,8 @@ class LiveSampler:
         boot: str,
     ) -> None:
         self.cfg, self.worker, self.client, self.link, self.events, self.boot = cfg, worker, client, link, events, boot
-        self.admission = cfg.cluster.mode == "async" and cfg.cluster.eta is not None
+        cc = cfg.cluster
+        self.admission = cc.mode == "async" and (cc.eta is not None or cc.max_queued_steps is not None)
         self.started = time.monotonic()
         self.busy_seconds = 0.0
         self.counts: Counter[str] = Counter()

@@ -7,6 +7,7 @@ setting cannot mean one thing under one clock and another under the other.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -86,12 +87,12 @@ def build_engine(cfg: RunConfig, policy: Policy, base: str | None, seed: int) ->
         from heterorl.engines.transformers_engine import TransformersEngine
 
         return TransformersEngine(policy, seed)
-    if name == "vllm":
+    if name == "vllm":  # an optional engine (its own install, `make vllm`): imported only when asked for
         try:
-            from heterorl.engines.vllm_engine import VLLMEngine
+            module = importlib.import_module("heterorl.engines.vllm_engine")
         except ImportError as err:
             raise EngineError(f"sampler.engine vllm is not available here ({err}); see docs/howto-math.md") from None
-        return VLLMEngine.from_config(cfg, base or cfg.model.path, seed)
+        return module.VLLMEngine.from_config(cfg, base or cfg.model.path, seed)
     raise EngineError(f"unknown sampler.engine {name!r}")
 
 

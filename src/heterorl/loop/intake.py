@@ -2,7 +2,9 @@
 
 Every POSTed body ends in exactly one outcome, counted by name: accepted (200), duplicate (200, not queued
 again: a sampler retrying a POST whose answer it lost must not make the learner train twice on one group),
-busy (503, the queue is full: the sampler retries later), finished (410), or a rejection with its reason:
+filtered (200, with `learner.dynamic_sampling` a group whose rewards are all equal: valid but uninformative, so the
+sampler generates another), busy (503, the queue is full: the sampler retries later), finished (410), or a
+rejection with its reason:
 
 | reason | status | meaning |
 | --- | --- | --- |
@@ -82,6 +84,7 @@ class Verdict:
 class IntakeCounters:
     accepted: int = 0
     duplicates: int = 0
+    filtered: int = 0
     busy: int = 0
     tokens: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
@@ -89,7 +92,7 @@ class IntakeCounters:
 
     def to_json(self) -> dict:
         return {
-            **{k: getattr(self, k) for k in ("accepted", "duplicates", "busy", "tokens")},
+            **{k: getattr(self, k) for k in ("accepted", "duplicates", "filtered", "busy", "tokens")},
             "rejected": self.rejected,
             "info": self.info,
         }
@@ -109,9 +112,11 @@ class Intake:
         base_limits: GroupLimits,
         max_queued: int,
         prompt_ids: Callable[[str], list[int]] | None = None,
+        filter_uniform: bool = False,
     ) -> None:
         self.buffer, self.journal, self.max_queued = buffer, journal, max_queued
         self.prompt_ids = prompt_ids  # the learner's own tokenization of a prompt text
+        self.filter_uniform = filter_uniform  # DAPO's dynamic sampling
         self.base_limits = base_limits  # everything but the current version
         self.cond = threading.Condition()  # guards everything below; the training thread waits on it
         self.counters = IntakeCounters()
@@ -158,6 +163,9 @@ class Intake:
             if gid in self.consumed or gid in self.payloads:
                 self.counters.duplicates += 1
                 return Verdict(200, "duplicate", gid)
+            if self.filter_uniform and bool((group.rewards_G == group.rewards_G[0]).all()):
+                self.counters.filtered += 1
+                return Verdict(200, "filtered", gid, "all rewards equal (dynamic sampling)")
             if len(self.buffer) >= self.max_queued:
                 self.counters.busy += 1
                 return Verdict(503, "busy", gid, f"{len(self.buffer)} groups queued")
@@ -237,6 +245,7 @@ class Intake:
             out = {
                 "net/accepted_total": float(c.accepted),
                 "net/duplicates_total": float(c.duplicates),
+                "net/filtered_total": float(c.filtered),
                 "net/busy_total": float(c.busy),
                 "net/queue": float(len(self.buffer)),
             }

@@ -26,6 +26,7 @@ from heterorl.config import RunConfig
 from heterorl.frictions import KINDS as FRICTION_KINDS
 from heterorl.frictions import frictions_active
 from heterorl.learner import Learner
+from heterorl.loop.checkpoints import CheckpointPolicy
 from heterorl.loop.intake import ACKED, RETRIED, Intake, IntakeCounters, Verdict
 from heterorl.loop.journal import Journal
 from heterorl.loop.peers import Peers
@@ -81,23 +82,40 @@ class LearnerLoop:
             max_completion_tokens=cfg.sampler.max_new_tokens,
             max_total_tokens=context,
         )
-        eta = cfg.cluster.eta if cfg.cluster.mode == "async" else None
-        window = staleness_window(cfg.cluster.max_staleness, eta)
+        cc = cfg.cluster
+        eta, queued = (cc.eta, cc.max_queued_steps) if cc.mode == "async" else (None, None)
+        buffer = RolloutBuffer(staleness_window(cc.max_staleness, eta), consume=cc.consume)
         text = learner.policy.text
-        self.intake = Intake(RolloutBuffer(window), journal, limits, cfg.live.max_queued_groups, text.prompt_ids)
-        self.admission = Admission(eta, self.B)
+        self.intake = Intake(
+            buffer,
+            journal,
+            limits,
+            cfg.live.max_queued_groups,
+            prompt_ids=text.prompt_ids,
+            filter_uniform=cfg.learner.dynamic_sampling,
+        )
+        self.admission = Admission(eta, self.B, queued)
         self.published_version = -1  # the newest version handed to the publisher
         self.busy_seconds = 0.0  # clock seconds spent training
         self.clock_before = 0.0  # clock seconds of earlier lives of this run (resume)
         self.resumes = 0
         self.extra: dict[str, Any] = {}  # the driver's figures for summary.json
+        self.checkpoints = CheckpointPolicy(cfg.checkpoint, recorder.run_dir, learner)
         self.needs_initial_eval = True
+        self.finish_requested = False
 
     # ---------------------------------------------------------------- control
     @property
     def done(self) -> bool:
-        """Every step is committed (a step being trained is not done yet)."""
-        return self.published_version >= self.cfg.learner.steps
+        """Every step is committed (a step being trained is not done yet), or a finish was asked for and no step is
+        in flight."""
+        if self.published_version >= self.cfg.learner.steps:
+            return True
+        return self.finish_requested and self.published_version == self.learner.version
+
+    def request_finish(self) -> None:
+        """End the run after the step in flight (early stopping): final evaluation, checkpoint and summary."""
+        self.finish_requested = True
 
     def now(self) -> float:
         """Clock seconds since the run started (across resumes)."""
@@ -108,6 +126,8 @@ class LearnerLoop:
         if self.needs_initial_eval:
             self.recorder.evaluate(step=0, clock_time=self.now())
             self.needs_initial_eval = False
+        if self.recorder.observer is not None:
+            self.recorder.observer.started()
         self.publish()
 
     def publish(self) -> None:
@@ -139,7 +159,11 @@ class LearnerLoop:
         """The next batch: B eligible groups, oldest first, after the window dropped stale ones; None if too few
         (waiting up to `timeout` seconds for them)."""
         taken = self.intake.take(self.B, self.learner.version, timeout)
-        return None if taken is None else Taken(*taken)
+        if taken is None:
+            return None
+        with self.intake.cond:
+            self.admission.trained += self.B
+        return Taken(*taken)
 
     def train(self, taken: Taken) -> StepResult:
         """advantages -> objective -> optimizer step(s) -> version + 1 (`Learner.train_step`)."""
@@ -153,15 +177,22 @@ class LearnerLoop:
         assert previous is not None, "start() publishes the first version"
         self.publish()
         record = self._record(result.stats, previous)
-        self.recorder.on_step(record)
+        accuracy = self.recorder.on_step(record)
+        self.checkpoints.after_step(self.learner.version, accuracy)
+        observer = self.recorder.observer
+        if observer is not None and observer.stop_requested:
+            self.request_finish()
         return record
 
     def finish(self) -> dict[str, Any]:
-        """Close the intake, save the final checkpoint, write summary.json; returns the summary."""
+        """Close the intake, evaluate the last step if it was not, save the final checkpoint, write summary.json;
+        returns the summary."""
         with self.intake.cond:
             self.intake.finished = True
             self.intake.cond.notify_all()
         self.publisher.close()
+        if self.recorder.last_eval_step != self.learner.version:  # a run finished early
+            self.recorder.evaluate(self.learner.version, self.now())
         return self.recorder.finish({**self.extra, **self.summary()})
 
     # ---------------------------------------------------------------- metrics
@@ -231,6 +262,7 @@ class LearnerLoop:
             "metrics_bytes": self.recorder.metrics.path.stat().st_size,
             "rewards": self.recorder.rewards,
             "accuracies": self.recorder.accuracies,
+            "last_eval_step": self.recorder.last_eval_step,
             "clock": self.now(),
             "wall": self.recorder.wall(),
             "busy_seconds": self.busy_seconds,
@@ -238,7 +270,7 @@ class LearnerLoop:
             "staleness_hist": {str(k): v for k, v in buffer.staleness_hist.items()},
             "counters": self.intake.counters_json(),
             "traffic": [self.traffic.total_bytes, self.traffic.total_full_bytes],
-            "admission": [self.admission.started, self.admission.released],
+            "admission": [self.admission.started, self.admission.released, self.admission.trained],
             "resumes": self.resumes,
         }
         path = save_learner_state(self.learner, root, queue=queue, extra=extra)
@@ -261,11 +293,12 @@ class LearnerLoop:
         buffer.staleness_hist = Counter({int(k): int(v) for k, v in x["staleness_hist"].items()})
         self.recorder.rewards = list(x["rewards"])
         self.recorder.accuracies = list(x["accuracies"])
+        self.recorder.last_eval_step = x.get("last_eval_step")
         self.recorder.start = time.monotonic() - float(x["wall"])
         self.clock_before = float(x["clock"])
         self.busy_seconds = float(x["busy_seconds"])
         self.traffic.total_bytes, self.traffic.total_full_bytes = (int(v) for v in x["traffic"])
-        self.admission.started, self.admission.released = (int(v) for v in x["admission"])
+        self.admission.started, self.admission.released, self.admission.trained = (int(v) for v in x["admission"])
         self.resumes = int(x["resumes"]) + 1
         self.needs_initial_eval = False
         return queued

@@ -12,7 +12,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from heterorl.config import RunConfig
 from heterorl.console import Bar
@@ -25,6 +25,17 @@ CLOCK_DEPENDENT = re.compile(r"^(time/.*|perf/learner_idle|perf/tokens_per_sec|s
 """Metric keys whose values depend on the speed of the machine or the clock (excluded when clocks are compared)."""
 
 
+class Observer(Protocol):
+    """Someone watching a run from code (`heterorl.api.Trainer`): sees every record, may ask it to finish."""
+
+    @property
+    def stop_requested(self) -> bool: ...
+
+    def observe(self, record: dict[str, Any]) -> None: ...
+
+    def started(self) -> None: ...
+
+
 class RunRecorder:
     """metrics.jsonl, evaluation every `eval.every` steps, progress; checkpoint and summary.json at the end."""
 
@@ -33,29 +44,39 @@ class RunRecorder:
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl")
         self.rewards: list[float] = []
         self.accuracies: list[float] = []
+        self.last_eval_step: int | None = None
         self.start = time.monotonic()
+        self.observer: Observer | None = None
 
     def wall(self) -> float:
         """Real seconds since the run started (across resumes)."""
         return time.monotonic() - self.start
 
+    def _log(self, record: dict[str, Any]) -> None:
+        self.metrics.log(record)
+        if self.observer is not None:
+            self.observer.observe(record)
+
     def evaluate(self, step: int, clock_time: float) -> float:
         acc = greedy_accuracy(self.learner.policy, self.task, self.task.eval_set(), self.cfg.sampler.max_new_tokens)
         self.accuracies.append(acc)
-        self.metrics.log(
+        self.last_eval_step = step
+        self._log(
             {"kind": "eval", "step": step, "time/clock": clock_time, "time/wall": self.wall(), "eval/accuracy": acc}
         )
         return acc
 
-    def on_step(self, record: dict[str, Any]) -> None:
-        """Log a learner step; evaluate every `eval.every` steps and at the last one."""
-        self.metrics.log(record)
+    def on_step(self, record: dict[str, Any]) -> float | None:
+        """Log a learner step; evaluate every `eval.every` steps and at the last one (-> the accuracy, else None)."""
+        self._log(record)
         self.rewards.append(record["reward/mean"])
         step = record["step"]
         fields: dict[str, float] = {"reward": record["reward/mean"], "stale": record["stale/mean"]}
+        accuracy = None
         if step % self.cfg.eval.every == 0 or step == self.cfg.learner.steps:
-            fields["acc"] = self.evaluate(step, record["time/clock"])
+            accuracy = fields["acc"] = self.evaluate(step, record["time/clock"])
         self.bar.advance(1, **fields)
+        return accuracy
 
     def finish(self, extra: dict[str, Any]) -> dict[str, Any]:
         """Save the checkpoint and write summary.json (`extra`: the driver's own figures)."""

@@ -21,6 +21,7 @@ class RolloutBuffer:
     """
 
     max_staleness: int | None = None
+    consume: str = "oldest"  # or "freshest": newest weight version first
     groups: deque[RolloutGroup] = field(default_factory=deque)
     dropped: int = 0
     staleness_hist: Counter[int] = field(default_factory=Counter)
@@ -42,11 +43,18 @@ class RolloutBuffer:
         return dropped
 
     def take(self, n: int, learner_version: int) -> tuple[list[RolloutGroup], dict[str, float]] | None:
-        """The `n` oldest groups inside the window and the batch's staleness statistics, or None if too few."""
+        """`n` groups inside the window (the oldest, or with `consume: freshest` those of the newest versions, ties
+        in arrival order) and the batch's staleness statistics, or None if too few."""
         dropped = self.drop_stale(learner_version)
         if len(self.groups) < n:
             return None
-        batch = [self.groups.popleft() for _ in range(n)]
+        if self.consume == "freshest":
+            order = sorted(range(len(self.groups)), key=lambda i: (-self.groups[i].min_version, i))
+            chosen = set(order[:n])
+            batch = [g for i, g in enumerate(self.groups) if i in chosen]
+            self.groups = deque(g for i, g in enumerate(self.groups) if i not in chosen)
+        else:
+            batch = [self.groups.popleft() for _ in range(n)]
         staleness = [g.staleness(learner_version) for g in batch]
         self.staleness_hist.update(staleness)
         stats = {
@@ -81,34 +89,39 @@ def staleness_window(max_staleness: int | None, eta: int | None) -> int | None:
 
 
 class Admission:
-    """AReaL's admission rule: a generation of n groups with weights of version v may start only while
+    """When a sampler may start generating n groups with weights of version v (async mode).
 
-        started - released - dropped + n <= (eta + v + 1) * B
-
+    AReaL's rule (`eta`): only while  started - released - dropped + n <= (eta + v + 1) * B.
     `started` counts the groups ever admitted, `released` those that will never reach the learner (refused, lost,
     or held by a sampler that went away), `dropped` those the window discarded, B = groups per learner step.
     The learner consumes B groups per version, so with groups trained in the order they were admitted, a group
     generated at version v is trained at version <= v + eta: staleness <= eta. v is the version the generation
     uses (the sampler's), not the learner's: a sampler whose weights lag must catch up before it may start.
-    `eta = None` admits everything.
+
+    Backpressure (`max_queued_steps` = k): only while the groups admitted and not yet trained, dropped or released
+    (queued at the learner or being generated) stay within k * B. Without it fast samplers generate without
+    bound and a learner that consumes the oldest groups first trains on ever staler data.
     """
 
-    def __init__(self, eta: int | None, groups_per_step: int) -> None:
-        self.eta, self.B = eta, groups_per_step
+    def __init__(self, eta: int | None, groups_per_step: int, max_queued_steps: int | None = None) -> None:
+        self.eta, self.B, self.max_queued_steps = eta, groups_per_step, max_queued_steps
         self.started = 0
         self.released = 0
-
-    @property
-    def active(self) -> bool:
-        return self.eta is not None
+        self.trained = 0
 
     def in_budget(self, dropped: int) -> int:
-        """Groups admitted that still count against the budget."""
+        """Groups admitted that still count against AReaL's budget (trained ones included)."""
         return self.started - self.released - dropped
 
+    def pending(self, dropped: int) -> int:
+        """Groups admitted that are queued at the learner or still being generated."""
+        return self.in_budget(dropped) - self.trained
+
     def try_start(self, n: int, version: int, dropped: int) -> bool:
-        """Admit n groups generated with weights of `version` (and count them) if the rule allows it."""
+        """Admit n groups generated with weights of `version` (and count them) if the rules allow it."""
         if self.eta is not None and self.in_budget(dropped) + n > (self.eta + version + 1) * self.B:
+            return False
+        if self.max_queued_steps is not None and self.pending(dropped) + n > self.max_queued_steps * self.B:
             return False
         self.started += n
         return True

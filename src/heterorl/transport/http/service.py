@@ -56,6 +56,7 @@ class LearnerEndpoint(Protocol):
     def status(self) -> dict[str, Any]: ...
     def train(self) -> None: ...
     def request_stop(self) -> None: ...
+    def request_finish(self) -> None: ...
 
 
 class EventLog(Protocol):
@@ -264,11 +265,12 @@ async def serve_app(live: LearnerEndpoint, token: str, host: str, port: int, add
         live.events.emit("listening", url=url, version=live.loop.learner.version)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, live.request_stop)
+        loop.add_signal_handler(signal.SIGUSR1, live.request_finish)
         await loop.run_in_executor(pool, live.train)
         if live.finished:
             await _linger(live)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
             loop.remove_signal_handler(sig)
         live.request_stop()
         pool.shutdown(wait=True)
