@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from heterorl.config import RunConfig
-from heterorl.console import Bar, progress_bar
+from heterorl.console import Bar, console, progress_bar
 from heterorl.loop.build import build_learner, build_sampler, build_task, configure_torch, resolve_base_model
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.loop.recorder import Observer, RunRecorder
@@ -48,6 +48,8 @@ def execute(
     base, pretrain_info = resolve_base_model(cfg, show_progress)
     with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
         cluster = build_simulated(cfg, run_dir, base, bar)
+        if cluster.warning is not None:
+            console.print(f"[yellow]warning:[/yellow] {cluster.warning}")
         cluster.loop.recorder.observer = observer
         try:
             cluster.run()

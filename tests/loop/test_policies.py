@@ -120,3 +120,12 @@ def test_periodic_and_best_checkpoints(tmp_path: Path, tiny_model_dir: Path) -> 
     assert accuracies[best["step"]] == best["accuracy"]
     assert (root / "best" / "config.json").is_file()
     assert (tmp_path / "run" / "checkpoint" / "config.json").is_file()
+
+
+def test_unbounded_fast_samplers_are_warned_about(tiny_model_dir: Path) -> None:
+    from heterorl.simulated.cluster import overgeneration_warning
+
+    cfg = tiny_config(tiny_model_dir, *_fast_sampler_slow_learner("cluster.max_queued_steps=null"))
+    assert "set cluster.max_queued_steps" in overgeneration_warning(cfg)
+    assert overgeneration_warning(tiny_config(tiny_model_dir, *_fast_sampler_slow_learner())) is None  # bounded
+    assert overgeneration_warning(tiny_config(tiny_model_dir, "cluster.learner_step_seconds=10")) is None  # sync

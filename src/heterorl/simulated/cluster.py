@@ -35,6 +35,24 @@ from heterorl.weights import Update
 from heterorl.weights.envelope import EnvelopeError, decode_update, encode_update, envelope_nbytes
 
 
+def overgeneration_warning(cfg: RunConfig) -> str | None:
+    """A warning when the simulated samplers would generate (really compute) far more per learner step than the
+    learner can train on: nothing bounds them in async mode without `cluster.max_queued_steps`, and a run with
+    fast virtual samplers and a slow virtual learner then looks hung."""
+    cc = cfg.cluster
+    if cc.mode != "async" or cc.max_queued_steps is not None:
+        return None
+    most = cfg.learner.groups_per_step * cfg.sampler.group_size * cfg.sampler.max_new_tokens  # tokens a step trains
+    step_seconds = cc.learner_step_seconds + cc.learner_seconds_per_token * most
+    generated = sum(n.tokens_per_second for n in cc.samplers) * step_seconds
+    if generated <= 10 * most:
+        return None
+    return (
+        f"the simulated samplers can generate ~{generated:,.0f} tokens per learner step (really computed) while a "
+        f"step trains at most {most:,}; set cluster.max_queued_steps to bound them, or lower their speeds"
+    )
+
+
 @dataclass
 class SimNode:
     """A sampler machine: its worker, speed and link, and what the simulation knows of it."""
@@ -70,6 +88,7 @@ class SimulatedCluster:
                 SimNode(worker, node_cfg.tokens_per_second, weights, rollout, node_cfg.link.retry_seconds)
             )
         self.learner_busy = False
+        self.warning = overgeneration_warning(cfg)
 
     # ------------------------------------------------------------------ running
     def run(self) -> None:
