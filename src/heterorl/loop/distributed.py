@@ -154,6 +154,11 @@ def follow(ranks: Ranks) -> Learner:
             raise RuntimeError(f"unknown command {op} from rank 0")
 
 
+def is_follower() -> bool:
+    """Is this process a rank other than 0 (torchrun's RANK; one process is rank 0)?"""
+    return int(os.environ.get("RANK", "0")) != 0
+
+
 def run_as_rank(cfg: RunConfig, driver: Callable[[], T]) -> T | None:
     """Run `driver` here if this is the only process or rank 0 (then tell the others to stop); follow otherwise.
 
