@@ -115,6 +115,10 @@ class LearnerRank:
 class SamplerActor:
     """One sampler node: waits for the learner's URL on the board, then runs until the learner finishes."""
 
+    def ready(self) -> bool:
+        """Answers once the actor's process is up (again, after a restart)."""
+        return True
+
     def run(self, cfg_data: dict[str, Any], index: int, board: Any, timeout_s: float) -> dict[str, Any]:
         import ray
 
@@ -130,8 +134,9 @@ class SamplerActor:
 
 
 # ---------------------------------------------------------------- the driver
-def _options(res: ActorResources, env: dict[str, str]) -> dict[str, Any]:
+def _options(res: ActorResources, env: dict[str, str], namespace: str) -> dict[str, Any]:
     return {
+        "namespace": namespace,
         "num_cpus": res.num_cpus,
         "num_gpus": res.num_gpus,
         "resources": dict(res.resources),
@@ -155,7 +160,8 @@ class RayRun:
         threads = str(cfg.runtime.threads or 1)
         self.env = {cfg.live.token_env: token, "OMP_NUM_THREADS": threads}
         self.prefix = f"{run_dir.name}:"  # actor names: `<run>:learner-<rank>`, `<run>:<sampler name>`, `<run>:board`
-        self.board = ray.remote(num_cpus=0)(Board).options(name=self.prefix + "board").remote()
+        board = ray.remote(num_cpus=0)(Board)
+        self.board = board.options(name=self.prefix + "board", namespace=cfg.ray.namespace).remote()
         self.host = host
         self.ranks = self._start_learner()
         self.samplers = [self._sampler(i) for i in range(len(cfg.cluster.samplers))]
@@ -163,7 +169,7 @@ class RayRun:
 
     def _start_learner(self) -> list[Any]:
         ray, lc = self.ray, self.cfg.ray.learner
-        options = _options(lc.actor, self.env)
+        options = _options(lc.actor, self.env, self.cfg.ray.namespace)
         if lc.ranks > 1:
             from ray.util.placement_group import placement_group
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -187,7 +193,7 @@ class RayRun:
         return actors
 
     def _sampler(self, index: int) -> Any:
-        options = _options(self.cfg.ray.sampler_resources(index), self.env)
+        options = _options(self.cfg.ray.sampler_resources(index), self.env, self.cfg.ray.namespace)
         actor_cls = self.ray.remote(SamplerActor)
         name = self.prefix + node_name(self.cfg, index)
         return actor_cls.options(
@@ -239,16 +245,33 @@ class RayRun:
     def _sampler_done(self, ref: Any, pending: dict[Any, int]) -> None:
         """A sampler's run ended: fine once the learner finished; a dead actor is counted and run again."""
         index = pending.pop(ref)
+        name = node_name(self.cfg, index)
         try:
             self.ray.get(ref)
         except self.ray.exceptions.RayActorError:
-            name = node_name(self.cfg, index)
             self.restarts[name] += 1
-            if self.restarts[name] > self.cfg.ray.max_restarts:
-                raise LaunchError(f"sampler {name} died {self.restarts[name]} times (ray.max_restarts)") from None
-            pending[self._sampler_run(index)] = index  # Ray restarts the actor's process; run it again
+            self._wait_restarted(index)
+            pending[self._sampler_run(index)] = index
         except self.ray.exceptions.RayTaskError as err:
-            raise LaunchError(f"sampler {node_name(self.cfg, index)} failed: {err}") from None
+            raise LaunchError(f"sampler {name} failed: {err}") from None
+
+    def _wait_restarted(self, index: int) -> None:
+        """Wait while Ray restarts sampler `index`'s process (calls meanwhile answer ActorUnavailableError)."""
+        errors, name = self.ray.exceptions, node_name(self.cfg, index)
+        deadline = time.monotonic() + self.cfg.ray.startup_timeout_s
+        while True:
+            try:
+                self.ray.get(self.samplers[index].ready.remote())
+                return
+            except errors.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise LaunchError(f"sampler {name} did not come back within ray.startup_timeout_s") from None
+                time.sleep(POLL_S)
+            except errors.ActorDiedError:
+                limit = self.cfg.ray.max_restarts
+                raise LaunchError(
+                    f"sampler {name} died and Ray will not restart it (ray.max_restarts {limit})"
+                ) from None
 
     def close(self) -> None:
         for actor in [*self.samplers, *self.ranks, self.board]:
