@@ -11,6 +11,15 @@ moments, gradient-sync control, the gather into rank 0's full copy and of the op
 summed over several ranks equal one process's is what the 2-rank gloo test on CPU shows with the same code.
 Then it prints trained tokens/s of the learner (one process, fp32 master + bf16 autocast) and generated tokens/s of
 the transformers rollout engine (bf16) on the same model. `--size tiny` runs the same on a small model (CPU too).
+
+Measured 2026-11-23 on one H100 80GB (torch 2.11.0+cu130, transformers 5.17), defaults (8 groups x 8 completions
+of 128-256 tokens after 64 prompt tokens a step, micro-batches of 4096 tokens, 2 optimizer steps a batch, lr 1e-5):
+after 2 steps the parameters moved up to 4.0e-5; FSDP2 as one NCCL rank differs from one process by at most
+5.7e-7 and DDP by 9.4e-7, while one process run twice differs from itself by 6.7e-7 (CUDA kernels such as the
+embedding backward are not bit-deterministic), so the sharded paths add nothing measurable. Learner, fp32 master:
+7.2k trained tokens/s in one process, 6.1k as one FSDP2 rank (the gather into rank 0's full copy every step),
+7.4k as one DDP rank; with bf16 autocast 14.5k (5.9k in an earlier run on a cold machine: treat one run as noisy).
+Transformers engine, bf16, 256 sequences x 256 new tokens (no early stop on a random model): 3.7k tokens/s.
 """
 
 from __future__ import annotations
