@@ -62,3 +62,20 @@ def test_a_ray_run_learns_and_survives_a_killed_sampler(tmp_path: Path, local_ra
     assert last > first + 0.05, rewards  # the simulated run of this config: 0.23 -> 0.41
     assert summary["clock"] == "wall"
     assert (run / "checkpoint" / "config.json").is_file()
+
+
+@pytest.mark.ray
+def test_two_learner_ranks_as_ray_actors_train_the_single_process_run(tmp_path: Path, local_ray: Any) -> None:
+    from safetensors.torch import load_file
+
+    from heterorl.run import execute
+
+    overrides = ("learner.steps=6", "eval.every=6", "learner.micro_batch_tokens=200", "live.fsync=false")
+    ranks = ("ray.learner.ranks=2", "ray.learner.actor.num_cpus=0.5", "ray.learner.placement=PACK")
+    cfg = smoke_config(*overrides, *ranks)
+    summary = run_ray(cfg, tmp_path / "ray", show_progress=False)
+    assert summary["ray"]["learner_ranks"] == 2
+    execute(smoke_config(*overrides), tmp_path / "one", show_progress=False)  # sync, one sampler: the same data
+    a = load_file(str(tmp_path / "one" / "checkpoint" / "model.safetensors"))
+    b = load_file(str(tmp_path / "ray" / "checkpoint" / "model.safetensors"))
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -183,7 +184,7 @@ class RayRun:
                 .options(
                     **options,
                     name=f"{self.prefix}learner-{i}",
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(group, bundle_index=i),
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
                 )
                 .remote()
                 for i in range(lc.ranks)
@@ -215,6 +216,8 @@ class RayRun:
             # Ray gives each actor its own GPU(s) (CUDA_VISIBLE_DEVICES), so every rank's local device is 0
             env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "MASTER_ADDR": node}
             env = {**env, "MASTER_PORT": str(port)} if world > 1 else {}  # one rank: a plain process
+            if env and node.startswith("127.") and sys.platform.startswith("linux"):
+                env["GLOO_SOCKET_IFNAME"] = "lo"  # a one-machine Ray: the ranks meet on loopback
             listen = f"{host}:0"
             learner_refs.append(actor.run.remote(cfg_data, rank, env, listen, str(self.run_dir), self.board))
         pending: dict[Any, int] = {self._sampler_run(i): i for i in range(len(self.samplers))}
