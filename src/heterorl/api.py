@@ -94,12 +94,30 @@ class Trainer:
             callback.on_start(self)
 
     # ---------------------------------------------------------------- running
-    def fit(self, clock: Clock = "simulated") -> dict[str, Any]:
-        """Run to `learner.steps` (or `stop()`) on the chosen clock; returns the summary."""
+    def fit(self, clock: Clock = "simulated", ray: str | None = None) -> dict[str, Any] | None:
+        """Run to `learner.steps` (or `stop()`) on the chosen clock; returns the summary.
+
+        Live runs start local processes, or Ray actors with `ray` ('local' or a cluster address; callbacks are not
+        supported there). Under torchrun the simulated run's learner spans the ranks; follower ranks return None.
+        """
         if clock == "simulated":
+            from heterorl.loop.distributed import run_as_rank
             from heterorl.run import execute
 
-            summary = execute(self.cfg, self.run_dir, self.show_progress, overwrite=self.overwrite, observer=self)
+            def simulated() -> dict[str, Any]:
+                return execute(self.cfg, self.run_dir, self.show_progress, overwrite=self.overwrite, observer=self)
+
+            summary = run_as_rank(self.cfg, simulated)
+            if summary is None:
+                return None
+        elif clock == "live" and ray is not None:
+            if self.callbacks:
+                raise ValueError("callbacks are not supported with Ray actors; use clock='live' without ray")
+            from heterorl.launch.ray import run_ray
+
+            summary = run_ray(
+                self.cfg, self.run_dir, address=None if ray == "local" else ray, show_progress=self.show_progress
+            )
         elif clock == "live":
             from heterorl.live.launcher import run_live
 

@@ -16,6 +16,12 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-trai
 ConfigArg = Annotated[Path | None, typer.Argument(help="YAML run config (defaults apply when omitted).")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value (repeatable).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+NprocOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--nproc", min=1, help="Learner processes on this host: starts itself under torchrun (see `parallel`)."
+    ),
+]
 
 
 def _load(config: Path | None, overrides: list[str] | None):
@@ -52,17 +58,37 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 
 @contextmanager
 def _live_errors() -> Iterator[None]:
-    """Live-mode failures a user can act on (setup, token, unreachable learner) print in red and exit 1."""
+    """Live-mode failures a user can act on (setup, token, unreachable learner, ranks, Ray) print in red, exit 1."""
+    from heterorl.launch.errors import LaunchError
     from heterorl.live.launcher import LiveRunError
     from heterorl.live.preflight import LiveSetupError
+    from heterorl.loop.distributed import DistributedSetupError
     from heterorl.transport.http.auth import TokenError
     from heterorl.transport.http.client import AuthError, LearnerUnreachableError
 
     try:
         yield
-    except (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError) as exc:
+    except (
+        LiveSetupError,
+        TokenError,
+        LiveRunError,
+        LearnerUnreachableError,
+        AuthError,
+        DistributedSetupError,
+        LaunchError,
+    ) as exc:
         typer.secho(f"{type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
+
+
+def _under_torchrun(nproc: int | None) -> None:
+    """`--nproc N`: start this same command again as N processes under torchrun (loopback), and exit with it."""
+    if nproc is None:
+        return
+    from heterorl.launch.torchrun import torchrun_self
+
+    with _live_errors():
+        raise typer.Exit(torchrun_self(nproc))
 
 
 @app.command()
@@ -73,29 +99,42 @@ def run(
     live: Annotated[
         bool, typer.Option("--live", help="Learner and samplers as local processes over HTTP, real clocks.")
     ] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Learner and samplers as Ray actors: 'local' starts Ray here, or a cluster ADDRESS (e.g. auto, "
+            "ray://head:10001).",
+        ),
+    ] = None,
+    nproc: NprocOpt = None,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace the run already in --run-dir (default: refuse).")
     ] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Post-train a model with RL on the simulated cluster (or, with --live, on local processes) and write a run
-    directory."""
+    """Post-train a model with RL on the simulated cluster (or, with --live, on local processes; with --ray, as Ray
+    actors) and write a run directory."""
     cfg = _load(config, set_)
+    if live and ray is not None:
+        raise typer.BadParameter("--live and --ray are two ways to launch the same run: pick one")
+    if nproc is not None and (live or ray is not None):
+        raise typer.BadParameter("--nproc runs the simulated learner as N processes; with --ray use ray.learner.ranks")
+    _under_torchrun(nproc)
     from heterorl.api import Trainer
-    from heterorl.loop.run_dir import RunDirError
+    from heterorl.loop.run_dir import RunDirError, new_run_dir
 
-    trainer = Trainer(cfg, run_dir=run_dir, show_progress=not quiet, overwrite=overwrite)
-    if config is not None and run_dir is None:
-        from heterorl.loop.run_dir import new_run_dir
-
-        trainer.run_dir = new_run_dir(name=config.stem)
+    target = run_dir or new_run_dir(name=config.stem if config else "run")
+    trainer = Trainer(cfg, run_dir=target, show_progress=not quiet, overwrite=overwrite)
     with _live_errors():
         try:
-            summary = trainer.fit(clock="live" if live else "simulated")
+            summary = trainer.fit(clock="live" if live or ray is not None else "simulated", ray=ray)
         except RunDirError as exc:
             typer.secho(str(exc), fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
-    _print_summary(summary, trainer.run_dir)
+    if summary is None:  # a follower rank of a multi-process learner: rank 0 prints the summary
+        return
+    _print_summary(summary, target)
 
 
 @app.command()
@@ -105,16 +144,22 @@ def learner(
     listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to serve on.")] = "127.0.0.1:8470",
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Where to write the run.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue from the run directory's saved state.")] = False,
+    nproc: NprocOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
-    """Run the learner service: samplers pull weights from it and push rollout groups (docs/deployment.md)."""
+    """Run the learner service: samplers pull weights from it and push rollout groups (docs/deployment.md). Under
+    torchrun (or with --nproc N) it is N processes: rank 0 serves, every rank trains (`parallel`)."""
     cfg = _load(config, set_)
+    _under_torchrun(nproc)
     from heterorl.live.learner_node import serve_learner
+    from heterorl.loop.distributed import is_follower, run_as_rank
     from heterorl.loop.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "learner")
     with _live_errors():
-        summary = serve_learner(cfg, listen, target, resume=resume, show_progress=not quiet)
+        summary = run_as_rank(cfg, lambda: serve_learner(cfg, listen, target, resume=resume, show_progress=not quiet))
+    if is_follower():
+        return
     if summary is None:
         typer.echo(f"stopped; continue with: heterorl learner ... --run-dir {target} --resume")
     else:

@@ -6,6 +6,11 @@ caps) are those of the weights at the start of the step, computed once per batch
 holds a frozen reference (the starting weights; with LoRA the base model with its adapters disabled) and runs one
 no-grad forward pass of it per micro-batch. Truncated completions are found here (the objectives never see token
 ids): DAPO's overlong penalty shapes their rewards before the advantages, `mask_truncated` drops them from the loss.
+
+With several processes (heterorl.sharding) every rank runs this same step on its own whole groups; `shard` says
+which micro-batches are this process's and how gradients and statistics meet, `train_policy` is what the forward
+passes go through (the DDP wrapper or the FSDP2-sharded model), while `policy` stays the full model that rank 0
+publishes, evaluates and checkpoints.
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ import torch
 
 from heterorl.config import LearnerConfig, RunConfig
 from heterorl.lora import adapter_state, apply_lora, merged_state
-from heterorl.microbatch import StatsAccumulator, loss_share, split_by_tokens
+from heterorl.microbatch import StatsAccumulator, loss_share
 from heterorl.objectives import group_advantages, objective_from_config
 from heterorl.objectives.overlong import overlong_penalty, truncated_completions
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import Batch, RolloutGroup, pack_groups
+from heterorl.sharding import Sharding
 
 WIRE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -64,7 +70,16 @@ class Learner:
         model.train()
         if self.cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.trainable = [p for p in model.parameters() if p.requires_grad]
+        self.shard = Sharding()
+        self.train_policy = policy  # what forward passes go through
+        self.train_module = model  # the module whose parameters train (with LoRA, the PEFT model)
+        self.build_optimizer()
+        self.version = 0
+        self.wire_dtype = WIRE_DTYPES[cfg.weights.wire_dtype]
+
+    def build_optimizer(self) -> None:
+        """AdamW and the LR schedule over `train_module`'s trainable parameters (again after FSDP2 replaced them)."""
+        self.trainable = [p for p in self.train_module.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.trainable,
             lr=self.cfg.lr,
@@ -74,8 +89,6 @@ class Learner:
         )
         total = self.cfg.steps * self.cfg.updates_per_batch
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: lr_multiplier(s, total, self.cfg))
-        self.version = 0
-        self.wire_dtype = WIRE_DTYPES[cfg.weights.wire_dtype]
 
     def _make_reference(self, given: Policy | None, lora: bool) -> Policy | None:
         """The frozen reference of the KL penalty: None when the penalty is off or (LoRA) when the base model is the
@@ -90,7 +103,7 @@ class Learner:
 
     # ------------------------------------------------------------------ training
     def _logp(self, batch: Batch, policy: Policy | None = None) -> torch.Tensor:
-        policy = policy or self.policy
+        policy = policy or self.train_policy
         device_type = policy.device.type
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16):
             logp = policy.token_logprobs(
@@ -107,7 +120,7 @@ class Learner:
         """Log-probs under the frozen reference (same autocast as the policy, so they agree at the start)."""
         if self.reference is not None:
             return self._logp(batch, self.reference)
-        with self.policy.model.disable_adapter():
+        with self.train_module.disable_adapter():
             return self._logp(batch)
 
     def _rewards_and_loss_mask(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
@@ -132,41 +145,34 @@ class Learner:
         """advantages -> objective -> optimizer step(s) -> version + 1. Returns namespaced statistics.
 
         The batch is split into `updates_per_batch` minibatches (one optimizer step each), each minibatch into
-        micro-batches under `micro_batch_tokens` whose gradients accumulate exactly (heterorl.microbatch).
+        micro-batches under `micro_batch_tokens` whose gradients accumulate exactly (heterorl.microbatch); with
+        several processes, into this process's micro-batches of the global minibatch (heterorl.sharding).
         """
+        shard = self.shard
+        groups = shard.begin_step(groups)
         batch = pack_groups(groups, self.policy.pad_id).to(self.policy.device)
         rewards_B, loss_mask_BL, shaping_stats = self._rewards_and_loss_mask(batch)
         adv_B = group_advantages(rewards_B, batch.group_index_B, normalize=self.objective.normalize_advantages)
-        prox_logp_BL = None
-        if self.objective.needs_prox_logp:
-            with torch.no_grad():
-                prox_logp_BL = self._logp(batch)
-        aggregation = self.objective.aggregation
+        prox_logp_BL = self._prox_logp(batch, loss_mask_BL) if self.objective.needs_prox_logp else None
         acc = StatsAccumulator()
         chunks = torch.arange(len(groups)).chunk(self.cfg.updates_per_batch)
         for chunk in chunks:
             rows_B = torch.isin(batch.group_index_B, chunk.to(batch.group_index_B.device)).nonzero().squeeze(-1)
             self.optimizer.zero_grad(set_to_none=True)
-            for micro_rows in split_by_tokens(batch, rows_B, self.cfg.micro_batch_tokens):
-                if not bool(loss_mask_BL[micro_rows].any()):  # every completion masked (truncated): no loss term
-                    continue
-                share = loss_share(aggregation, loss_mask_BL, micro_rows, rows_B)
-                micro = batch.select(micro_rows, trim=aggregation != "dr_grpo")
-                out = self.objective(
-                    logp=self._logp(micro),
-                    behavior_logp=micro.behavior_logp_BL,
-                    mask=loss_mask_BL[micro_rows, : micro.width],
-                    advantages=adv_B[micro_rows],
-                    group_index=micro.group_index_B,
-                    prox_logp=None if prox_logp_BL is None else prox_logp_BL[micro_rows, : micro.width],
-                    ref_logp=self._ref_logp(micro) if self.objective.needs_ref_logp else None,
-                )
-                (out.loss * share).backward()
-                acc.add({f"obj/{k}": v for k, v in out.stats.items()}, weight=share / len(chunks))
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
-            acc.add({"opt/lr": self.scheduler.get_last_lr()[0], "opt/grad_norm": float(grad_norm)}, 1 / len(chunks))
+            for micro in shard.micro_batches(batch, rows_B, self.cfg.micro_batch_tokens, loss_mask_BL):
+                with shard.accumulating(micro.last):
+                    if not micro.live:
+                        self._stand_in(batch.select(micro.rows_B, trim=True))
+                        continue
+                    share = loss_share(self.objective.aggregation, loss_mask_BL, micro.rows_B, rows_B)
+                    stats = self._micro_backward(batch, micro.rows_B, share, loss_mask_BL, adv_B, prox_logp_BL)
+                acc.add(stats, weight=share / len(chunks))
+            grad_norm = shard.clip_grad_norm(self.trainable, self.cfg.grad_clip)
+            acc.add({"opt/lr": self.scheduler.get_last_lr()[0], "opt/grad_norm": grad_norm}, 1 / len(chunks))
             self.optimizer.step()
             self.scheduler.step()
+        shard.end_step()
+        acc = shard.reduce_stats(acc)
         self.version += 1
         stats = {**acc.result(), **shaping_stats}
         rewards = batch.rewards_B.float()  # the verifier's rewards, before any shaping
@@ -181,6 +187,51 @@ class Learner:
             }
         )
         return stats
+
+    @torch.no_grad()
+    def _prox_logp(self, batch: Batch, loss_mask_BL: torch.Tensor) -> torch.Tensor:
+        """Log-probs [B, L] of the weights at the start of the step, for the rows this process trains on."""
+        rows = self.shard.local_rows(batch, loss_mask_BL)
+        if rows is None:
+            return self._logp(batch)
+        prox_logp_BL = torch.zeros_like(batch.behavior_logp_BL)
+        prox_logp_BL[rows] = self._logp(batch.select(rows))
+        return prox_logp_BL
+
+    def _micro_backward(
+        self,
+        batch: Batch,
+        rows_B: torch.Tensor,
+        share: float,
+        loss_mask_BL: torch.Tensor,
+        adv_B: torch.Tensor,
+        prox_logp_BL: torch.Tensor | None,
+    ) -> dict[str, float]:
+        """One micro-batch's loss, scaled by its share of the minibatch normaliser, backward; its statistics."""
+        micro = batch.select(rows_B, trim=self.objective.aggregation != "dr_grpo")
+        out = self.objective(
+            logp=self._logp(micro),
+            behavior_logp=micro.behavior_logp_BL,
+            mask=loss_mask_BL[rows_B, : micro.width],
+            advantages=adv_B[rows_B],
+            group_index=micro.group_index_B,
+            prox_logp=None if prox_logp_BL is None else prox_logp_BL[rows_B, : micro.width],
+            ref_logp=self._ref_logp(micro) if self.objective.needs_ref_logp else None,
+        )
+        (out.loss * (share * self.shard.grad_scale)).backward()
+        return {f"obj/{k}": v for k, v in out.stats.items()}
+
+    def _stand_in(self, micro: Batch) -> None:
+        """The forward passes of a micro-batch and a backward of exactly zero: keeps a rank with less work in step
+        with the others' collectives (heterorl.sharding). Non-finite log-probs are zeroed so 0 * inf cannot leak."""
+        if self.objective.needs_ref_logp:
+            self._ref_logp(micro)
+        logp = self._logp(micro)
+        (torch.where(torch.isfinite(logp), logp, 0.0).sum() * 0.0).backward()
+
+    def optimizer_state_dict(self) -> dict:
+        """AdamW's full state in the single-process layout, whatever the sharding (durable states store it)."""
+        return self.shard.optimizer_state(self.optimizer)
 
     # ------------------------------------------------------------------ weights out
     def _published_state(self) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ One module per area; everything is re-exported here, so `from heterorl.config im
 from heterorl.config.base import ConfigError, Strict
 from heterorl.config.cluster import ClusterConfig, LiveConfig, SamplerNodeConfig, WeightsConfig
 from heterorl.config.engines import EngineConfig, TransformersEngineConfig, VLLMEngineConfig
+from heterorl.config.launch import ActorResources, ParallelConfig, RayConfig, RayLearnerConfig
 from heterorl.config.model import LoraConfig, ModelConfig
 from heterorl.config.network import (
     DelayConfig,
@@ -74,6 +75,7 @@ __all__ = [
     "MATH_PROMPT_TEMPLATE",
     "OBJECTIVE_CONFIGS",
     "REWARD_PATTERN",
+    "ActorResources",
     "AdditionTaskConfig",
     "Aggregation",
     "CISPOConfig",
@@ -109,7 +111,10 @@ __all__ = [
     "ObjectiveConfig",
     "ObjectiveOptions",
     "PGConfig",
+    "ParallelConfig",
     "PretrainConfig",
+    "RayConfig",
+    "RayLearnerConfig",
     "ReversalTaskConfig",
     "RunConfig",
     "RuntimeConfig",

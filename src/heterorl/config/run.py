@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from heterorl.config.base import ConfigError, Strict
 from heterorl.config.cluster import ClusterConfig, LiveConfig, WeightsConfig
+from heterorl.config.launch import ParallelConfig, RayConfig
 from heterorl.config.model import ModelConfig
 from heterorl.config.objectives import GRPOConfig, ObjectiveConfig
 from heterorl.config.tasks import AdditionTaskConfig, TaskConfig
@@ -42,11 +43,20 @@ class RunConfig(Strict):
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     live: LiveConfig = Field(default_factory=LiveConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
 
     @model_validator(mode="after")
     def _eta_needs_async(self) -> RunConfig:
         if self.cluster.mode == "sync" and (self.cluster.eta or self.cluster.max_staleness):
             raise ValueError("cluster.eta / cluster.max_staleness only apply to cluster.mode 'async'")
+        return self
+
+    @model_validator(mode="after")
+    def _ray_sampler_resources(self) -> RunConfig:
+        n, nodes = len(self.ray.samplers), len(self.cluster.samplers)
+        if n > 1 and n != nodes:
+            raise ValueError(f"ray.samplers has {n} entries for {nodes} sampler nodes (give 0, 1 or {nodes})")
         return self
 
 

@@ -28,6 +28,7 @@ from heterorl.console import Bar, progress_bar
 from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
 from heterorl.loop.build import build_learner, build_task, configure_torch, resolve_base_model
+from heterorl.loop.distributed import attach
 from heterorl.loop.journal import Journal, segment_indices
 from heterorl.loop.learner_loop import LearnerLoop, published_stats
 from heterorl.loop.recorder import RunRecorder
@@ -172,6 +173,7 @@ def open_learner(
         _truncate(run_dir / "metrics.jsonl", int(saved.extra["metrics_bytes"]))
     else:
         learner = build_learner(cfg, base)
+    attach(learner)  # with several ranks: rank 0 shares it (heterorl.loop.distributed); else nothing
     bar = bar or Bar(None, None)
     if saved is not None:
         bar.advance(saved.version)

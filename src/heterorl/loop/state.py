@@ -62,7 +62,7 @@ def read_records(path: Path, count: int) -> list[bytes]:
 
 # ---------------------------------------------------------------- optimizer, scheduler, RNG
 def _optimizer_parts(learner: Learner) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    sd = learner.optimizer.state_dict()
+    sd = learner.optimizer_state_dict()  # the full state also when sharded over ranks
     tensors, scalars = {}, {}
     for index, entries in sd["state"].items():
         for key, value in entries.items():
