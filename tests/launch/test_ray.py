@@ -52,7 +52,7 @@ def test_a_ray_run_learns_and_survives_a_killed_sampler(tmp_path: Path, local_ra
         time.sleep(0.2)
     killed_at = _steps(run)
     assert 10 <= killed_at < cfg.learner.steps - 10, "the kill must land mid-run"
-    ray.kill(ray.get_actor(f"{run.name}:a", namespace=cfg.ray.namespace), no_restart=False)  # the process dies
+    local_ray.kill(local_ray.get_actor(f"{run.name}:a", namespace=cfg.ray.namespace), no_restart=False)  # dies
     thread.join(timeout=400)
     assert not thread.is_alive()
 
