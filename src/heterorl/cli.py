@@ -26,11 +26,28 @@ def _load(config: Path | None, overrides: list[str] | None):
         raise typer.Exit(2) from None
 
 
+def weight_traffic_text(summary: dict[str, Any], codec: str | None, wire_dtype: str | None) -> str:
+    """Bytes sent to the samplers against the same weights raw in the wire dtype, and what made the difference:
+    PULSE patches, or (codec `full`) only zstd on full snapshots, which is no sparsity saving."""
+    sent, raw = summary["weight_bytes_sent"], summary["weight_bytes_full"]
+    ratio = raw / max(sent, 1)
+    how = {"pulse": "PULSE patches", "full": "zstd-compressed full snapshots"}.get(codec or "", "")
+    return (
+        f"{sent / 1e6:.2f} MB sent vs {raw / 1e6:.2f} MB of raw {wire_dtype or 'wire-dtype'} weights "
+        f"({ratio:.1f}x less" + (f": {how})" if how else ")")
+    )
+
+
 def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    """The run's short human summary, on stdout (so `heterorl run ... > log` keeps it)."""
+    import yaml
     from rich.table import Table
 
-    from heterorl.console import console
+    from heterorl.console import out
 
+    config_path = run_dir / "config.yaml"
+    resolved = (yaml.safe_load(config_path.read_text()) or {}) if config_path.is_file() else {}
+    weights = resolved.get("weights") or {}
     table = Table(title="heterorl run", show_header=False, title_justify="left")
     acc0, acc1 = summary["accuracy_initial"], summary["accuracy_final"]
     table.add_row("held-out accuracy", f"{acc0:.1%} -> {acc1:.1%}  ({(acc1 - acc0) * 100:+.1f} points)")
@@ -43,11 +60,10 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     idle = ", ".join(f"{k} {v:.0%}" for k, v in summary["sampler_idle"].items())
     table.add_row("idle", f"learner {summary['learner_idle']:.0%}; samplers {idle}")
     if summary["weight_bytes_full"]:
-        ratio = summary["weight_bytes_full"] / max(summary["weight_bytes_sent"], 1)
-        table.add_row("weight traffic", f"{summary['weight_bytes_sent'] / 1e6:.2f} MB ({ratio:.1f}x less than full)")
+        table.add_row("weight traffic", weight_traffic_text(summary, weights.get("codec"), weights.get("wire_dtype")))
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s (RL {summary['rl_wall_seconds']:.1f} s)")
     table.add_row("run directory", str(run_dir))
-    console.print(table)
+    out.print(table)
 
 
 @contextmanager
