@@ -14,12 +14,13 @@ from typing import Any
 
 import yaml
 
+from heterorl.errors import MissingDependencyError
 from heterorl.metrics import read_metrics
 
 NON_SCALARS = frozenset({"kind", "step"})
 
 
-class MissingPackageError(ImportError):
+class MissingPackageError(MissingDependencyError):
     """An optional export was asked for but its package is not installed."""
 
 
