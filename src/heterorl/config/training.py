@@ -88,7 +88,27 @@ class PretrainConfig(Strict):
 
 
 class EvalConfig(Strict):
-    every: int = Field(20, ge=1, description="Learner steps between held-out greedy evaluations.")
+    """Held-out evaluation: greedy accuracy always; with `samples` = k > 0 also pass@k and maj@k over completions
+    sampled at the sampler's temperature / top-k / top-p (heterorl.evaluate)."""
+
+    every: int = Field(20, ge=1, description="Learner steps between held-out evaluations.")
+    samples: int = Field(0, ge=0, le=1024, description="k of pass@k and maj@k (sampled completions); 0: greedy only.")
+    samples_drawn: int | None = Field(
+        None, ge=1, le=4096, description="n >= k completions drawn per prompt for the unbiased pass@k; default k."
+    )
+
+    @model_validator(mode="after")
+    def _enough_samples(self) -> EvalConfig:
+        if self.samples_drawn is not None and self.samples_drawn < self.samples:
+            raise ValueError(f"samples_drawn {self.samples_drawn} must be >= samples {self.samples}")
+        if self.samples_drawn is not None and self.samples == 0:
+            raise ValueError("samples_drawn needs samples (k) > 0")
+        return self
+
+    @property
+    def n_drawn(self) -> int:
+        """Completions sampled per prompt (n)."""
+        return self.samples_drawn or self.samples
 
 
 class MetricsConfig(Strict):
