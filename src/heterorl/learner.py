@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from heterorl.config import LearnerConfig, RunConfig
-from heterorl.lora import adapter_state, apply_lora, merged_state
+from heterorl.lora import adapter_state, apply_lora, enable_activation_checkpointing, merged_state
 from heterorl.microbatch import StatsAccumulator, loss_share, split_by_tokens
 from heterorl.objectives import group_advantages, objective_from_config
 from heterorl.policy import Policy, SamplingParams
@@ -48,7 +48,7 @@ class Learner:
         model = policy.model
         model.train()
         if self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            enable_activation_checkpointing(model)
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.trainable,
