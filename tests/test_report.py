@@ -11,8 +11,16 @@ import pytest
 import typer
 
 from heterorl.config import config_to_yaml, load_config
-from heterorl.report import ReportError, ReportResult, make_report, report_command
-from heterorl.report.export import MissingPackageError, scalars, tensorboard_export, wandb_export
+from heterorl.report import (
+    ReportError,
+    ReportResult,
+    SinkError,
+    make_report,
+    report_command,
+    wandb_export,
+    wandb_preflight,
+)
+from heterorl.report.export import MissingPackageError, scalars, tensorboard_export
 from heterorl.report.runs import flatten, group_runs, load_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -283,3 +291,38 @@ def test_wandb_export_writes_an_offline_run(runs: list[Path], monkeypatch: pytes
     run_path = wandb_export(runs[0])
     assert run_path.is_dir()
     assert any(run_path.glob("*.wandb"))
+
+
+@pytest.fixture
+def no_wandb_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+
+
+def test_wandb_online_without_a_key_is_one_clear_line(runs: list[Path], no_wandb_credentials: None) -> None:
+    pytest.importorskip("wandb")
+    with pytest.raises(SinkError) as info:
+        wandb_export(runs[0], mode="online")
+    message = str(info.value)
+    assert message.startswith("metrics.wandb_mode online needs a W&B API key for https://api.wandb.ai")
+    assert "\n" not in message
+    assert not (runs[0] / "wandb").exists()  # nothing was started
+
+
+def test_wandb_online_without_a_network_is_one_clear_line(
+    runs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("wandb")
+    (tmp_path / "netrc").write_text("machine 127.0.0.1 login user password " + "k" * 40 + "\n")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # the key comes from netrc, as `wandb login` writes it
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # loopback, nothing listens: no traffic leaves
+    with pytest.raises(SinkError, match=r"^metrics\.wandb_mode online, but http://127\.0\.0\.1:9 cannot be reached"):
+        wandb_export(runs[0], mode="online")
+
+
+def test_wandb_offline_needs_neither(runs: list[Path], no_wandb_credentials: None, monkeypatch) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert wandb_preflight("offline") is None
+    assert any(wandb_export(runs[0], mode="offline").glob("*.wandb"))

@@ -112,8 +112,12 @@ class EvalConfig(Strict):
 
 
 class MetricsConfig(Strict):
-    """Metric sinks besides metrics.jsonl (always written), filled from it when the run ends."""
+    """Metric sinks besides metrics.jsonl (always written), with the same keys."""
 
     tensorboard: bool = Field(False, description="Write TensorBoard event files to <run_dir>/tensorboard.")
-    wandb: bool = Field(False, description="Log an offline W&B run under <run_dir>/wandb (`wandb sync` later).")
+    wandb: bool = Field(False, description="Log the run to Weights & Biases (files under <run_dir>/wandb).")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline",
+        description="offline: files only, `wandb sync` later; online: to the W&B server (needs a key and network).",
+    )
     wandb_project: str = Field("heterorl", min_length=1, description="W&B project name.")

@@ -1,4 +1,4 @@
-"""Optional sinks: a run's metrics.jsonl replayed into TensorBoard event files or an offline W&B run.
+"""Optional sinks: a run's metrics.jsonl replayed into TensorBoard event files (W&B: `report.wandb_sink`).
 
 Neither package is a dependency of heterorl; each export imports its package when called and, if it is missing,
 raises an error that names the package to install. Records are replayed in file order with their `step`, so
@@ -12,8 +12,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from heterorl.errors import MissingDependencyError
 from heterorl.metrics import read_metrics
 
@@ -24,7 +22,7 @@ class MissingPackageError(MissingDependencyError):
     """An optional export was asked for but its package is not installed."""
 
 
-def _require(module: str, package: str, what: str) -> None:
+def require(module: str, package: str, what: str) -> None:
     if importlib.util.find_spec(module) is None:
         raise MissingPackageError(f"{what} needs the `{package}` package: pip install {package}")
 
@@ -40,7 +38,7 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
 
 def tensorboard_export(run_dir: Path, log_dir: Path | None = None) -> Path:
     """Write `run_dir`/metrics.jsonl as TensorBoard scalars (default log dir: `run_dir`/tensorboard)."""
-    _require("tensorboard", "tensorboard", "TensorBoard export")
+    require("tensorboard", "tensorboard", "TensorBoard export")
     from torch.utils.tensorboard import SummaryWriter
 
     run_dir = Path(run_dir)
@@ -53,20 +51,3 @@ def tensorboard_export(run_dir: Path, log_dir: Path | None = None) -> Path:
     finally:
         writer.close()
     return log_dir
-
-
-def wandb_export(run_dir: Path, project: str = "heterorl") -> Path:
-    """Log `run_dir`/metrics.jsonl into an offline W&B run under `run_dir`/wandb (sync later: `wandb sync`);
-    the run's config.yaml becomes the W&B config. Returns the offline run's directory."""
-    _require("wandb", "wandb", "W&B export")
-    import wandb
-
-    run_dir = Path(run_dir)
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) if (run_dir / "config.yaml").is_file() else {}
-    run = wandb.init(project=project, name=run_dir.name, dir=str(run_dir), mode="offline", config=config)
-    try:
-        for record in read_metrics(run_dir / "metrics.jsonl"):
-            run.log(scalars(record), step=int(record["step"]))  # steps never decrease in metrics.jsonl
-    finally:
-        run.finish()
-    return Path(run.dir).parent
