@@ -8,19 +8,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config
+from transformers import AutoModelForCausalLM
 
 from heterorl.cluster.simulated import SimulatedCluster
 from heterorl.config import load_config
 from heterorl.run import execute, make_learner, make_sampler
+from heterorl.tiny_model import build_qwen3, train_tokenizer
 from heterorl.weights import load_snapshot
 
 DATA = Path(__file__).parent / "data" / "math_small.jsonl"
-CHAT = (
-    "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 
 
 @pytest.fixture(scope="module")
@@ -28,34 +24,9 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen3 and a 400-token byte-level BPE tokenizer trained on the problems, saved like a hub model."""
     path = tmp_path_factory.mktemp("qwen3-tiny")
     texts = [json.loads(line)["problem"] for line in DATA.read_text().splitlines()]
-    backend = Tokenizer(models.BPE(unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    special = ["<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    backend.train_from_iterator([*texts, "\\boxed{12} 0123456789 + - * / = ( )"], trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
-    )
-    tok.chat_template = CHAT
+    tok = train_tokenizer(texts, vocab_size=400)
     tok.save_pretrained(path)
-    cfg = Qwen3Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    build_qwen3(tok, hidden=32, layers=1, seed=0).save_pretrained(path)
     return path
 
 
@@ -175,3 +146,33 @@ def test_missing_model_path_is_a_clear_error(tmp_path: Path) -> None:
     cfg = math_config(tmp_path / "no-such-model")
     with pytest.raises(FileNotFoundError, match="no-such-model"):
         execute(cfg, tmp_path / "run", show_progress=False)
+
+
+def test_the_tiny_model_builder_warm_starts_on_training_problems_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m heterorl.tiny_model --config`: the run config's split decides what the warm start sees, and the
+    result loads through model.path with its chat template."""
+    import heterorl.tiny_model as tiny
+    from heterorl.tasks import make_task
+
+    seen, losses = [], []
+    real_warm_start = tiny.warm_start
+
+    def spy(policy, problems, steps, lr, batch_size, seed):
+        seen.extend(problems)
+        with torch.no_grad():
+            before = float(tiny.supervised_loss_of(policy, problems))
+        losses.append((before, real_warm_start(policy, problems, steps, lr, batch_size, seed)))
+        return losses[-1][1]
+
+    monkeypatch.setattr(tiny, "warm_start", spy)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"task: {{name: math, path: {DATA}, eval_fraction: 0.25}}\n")
+    tiny.main([str(tmp_path / "tiny"), "--config", str(config), "--hidden", "32", "--layers", "1", "--sft-steps", "8"])
+    cfg = math_config(tmp_path / "tiny", "task.eval_fraction=0.25")
+    task = make_task(cfg.task)
+    assert {p.prompt for p in seen} == {p.prompt for p in task.train_problems}
+    assert losses[0][1] < losses[0][0]  # the warm start lowers the loss of `\boxed{answer}`
+    sampler = make_sampler(cfg, str(tmp_path / "tiny"), 0)
+    assert sampler.engine.policy.tokenizer.chat_template
