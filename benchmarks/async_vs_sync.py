@@ -56,13 +56,13 @@ def main() -> None:
                     results[mode].append(execute(cfg, run_dir, show_progress=False))
                     s = results[mode][-1]
                     console.print(
-                        f"{network:10s} {mode:5s} seed {seed}: {s['virtual_seconds']:.0f} virtual s, "
+                        f"{network:10s} {mode:5s} seed {seed}: {s['clock_seconds']:.0f} virtual s, "
                         f"accuracy {s['accuracy_initial']:.3f} -> {s['accuracy_final']:.3f}"
                     )
-            t_sync = statistics.mean(r["virtual_seconds"] for r in results["sync"])
+            t_sync = statistics.mean(r["clock_seconds"] for r in results["sync"])
             for mode in ("sync", "async"):
                 rs = results[mode]
-                t = statistics.mean(r["virtual_seconds"] for r in rs)
+                t = statistics.mean(r["clock_seconds"] for r in rs)
                 table.add_row(
                     network,
                     mode,

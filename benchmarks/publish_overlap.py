@@ -16,9 +16,9 @@ import time
 
 import torch
 
-from heterorl.cluster.transport import BackgroundPublisher
 from heterorl.config import ModelConfig, load_config
 from heterorl.learner import Learner
+from heterorl.loop.publisher import BackgroundPublisher
 from heterorl.policy import Policy
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task

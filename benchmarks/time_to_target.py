@@ -27,7 +27,7 @@ def first_reach(run_dir: Path, target: float, gain: float | None) -> tuple[float
         target = evals[0]["eval/accuracy"] + gain
     for r in evals:
         if r["eval/accuracy"] >= target:
-            return r["time/virtual"], r["step"]
+            return r["time/clock"], r["step"]
     return None
 
 
@@ -72,7 +72,7 @@ def main() -> None:
         name = str(lookup(config, args.key))
         groups[name].append(first_reach(run, args.target, args.gain))
         evals = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "eval"]
-        curves[name].append(([r["time/virtual"] / 3600 for r in evals], [r["eval/accuracy"] for r in evals]))
+        curves[name].append(([r["time/clock"] / 3600 for r in evals], [r["eval/accuracy"] for r in evals]))
     if args.plot is not None:
         plot_curves(curves, args.key, args.plot)
     goal = f"+{args.gain * 100:.0f} points" if args.gain is not None else f"{args.target:.0%}"

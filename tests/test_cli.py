@@ -60,10 +60,15 @@ def invoke_run(tmp_path: Path, overrides: list[str]) -> typer.testing.Result:
     return CliRunner().invoke(app, args)
 
 
+def errors(result: typer.testing.Result) -> list[str]:
+    """stderr without the progress lines (timestamped) a run prints before it stops."""
+    return [line for line in result.stderr.splitlines() if not re.match(r"\[\d{4}-", line)]
+
+
 def test_a_missing_model_is_one_line(tmp_path: Path) -> None:
     result = invoke_run(tmp_path, [f"model.path={tmp_path / 'no-such-model'}"])
     assert result.exit_code == 1
-    assert result.stderr.strip().splitlines() == [
+    assert errors(result) == [
         f"error: model.path '{tmp_path / 'no-such-model'}' is not a transformers checkpoint (no config.json)"
     ]
     assert "Traceback" not in result.output
@@ -73,7 +78,7 @@ def test_a_missing_data_file_is_one_line(tmp_path: Path, tiny_model_dir: Path) -
     overrides = [*tiny_overrides(tiny_model_dir), "task={name: math, path: nowhere/train.jsonl}"]
     result = invoke_run(tmp_path, overrides)
     assert result.exit_code == 1
-    assert result.stderr.strip() == "error: task.path: data file not found: nowhere/train.jsonl"
+    assert errors(result) == ["error: task.path: data file not found: nowhere/train.jsonl"]
 
 
 def test_a_failing_reward_is_one_line_that_points_into_it(
@@ -85,7 +90,7 @@ def test_a_failing_reward_is_one_line_that_points_into_it(
     result = invoke_run(tmp_path, [*tiny_overrides(tiny_model_dir), "task.reward=cli_bad_reward:f"])
     assert result.exit_code == 1
     assert "Traceback" not in result.output
-    (line,) = [line for line in result.stderr.splitlines() if not line.startswith("[")]  # besides progress lines
+    (line,) = errors(result)
     assert re.fullmatch(
         r"error: reward function cli_bad_reward:f raised ZeroDivisionError\('division by zero'\) "
         r"at .*cli_bad_reward\.py:2 on prompt '\d\+\d='",

@@ -88,3 +88,127 @@ def test_lr_schedule(schedule: str, step: int, expected: float) -> None:
     cfg = LearnerConfig(warmup_steps=10, schedule=schedule, min_lr_ratio=0.1)
     assert lr_multiplier(step, 110, cfg) == pytest.approx(expected)
     assert lr_multiplier(0, 110, cfg) == pytest.approx(0.1)  # warm-up starts at 1/warmup
+
+
+def _params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.named_parameters()}
+
+
+def test_reference_kl_starts_at_zero_and_the_reference_stays_frozen(tiny_model_dir: Path) -> None:
+    _, learner, sampler = _setup(tiny_model_dir, "objective.ref_kl_beta=0.1")
+    assert learner.reference is not None
+    start = _params(learner.reference.model)
+    first = learner.train_step(_groups_with_signal(sampler, 4))
+    assert first["obj/kl_ref"] == 0.0  # the reference is the starting weights, computed the same way
+    second = learner.train_step(_groups_with_signal(sampler, 4))
+    assert second["obj/kl_ref"] > 0
+    assert all(torch.equal(v, start[k]) for k, v in learner.reference.model.named_parameters())
+    assert not any(p.requires_grad for p in learner.reference.model.parameters())
+    assert not any(torch.equal(p, start[k]) for k, p in learner.policy.model.named_parameters() if "weight" in k)
+
+
+def test_reference_kl_across_optimizer_steps_of_one_batch(tiny_model_dir: Path) -> None:
+    _, learner, sampler = _setup(tiny_model_dir, "objective.ref_kl_beta=0.1", "learner.updates_per_batch=2")
+    stats = learner.train_step(_groups_with_signal(sampler, 4))
+    assert stats["obj/kl_ref"] > 0  # the second minibatch sees the weights after the first update
+
+
+def test_reference_kl_with_lora_disables_the_adapters(tiny_model_dir: Path) -> None:
+    _, learner, sampler = _setup(
+        tiny_model_dir,
+        "objective.ref_kl_beta=0.1",
+        "model.lora={rank: 4, target_modules: [q_proj, v_proj], publish: merged}",
+    )
+    assert learner.reference is None  # no second copy: the base model is the policy without its adapters
+    assert learner.train_step(_groups_with_signal(sampler, 4))["obj/kl_ref"] == 0.0
+    assert learner.train_step(_groups_with_signal(sampler, 4))["obj/kl_ref"] > 0
+
+
+def test_no_reference_without_the_penalty(tiny_model_dir: Path) -> None:
+    _, learner, sampler = _setup(tiny_model_dir)
+    assert learner.reference is None
+    assert "obj/kl_ref" not in learner.train_step(_groups_with_signal(sampler, 4))
+
+
+def _with_eos_in(groups, rows: set[int], eos_id: int):
+    """End the completions of `rows` (index within each group) with eos; strip eos from every other row."""
+    for g in groups:
+        for i in range(g.size):
+            n = int(g.completion_mask_GL[i].sum())
+            ids = g.completion_ids_GL[i, :n]
+            ids[ids == eos_id] = eos_id + 1
+            if i in rows:
+                ids[n - 1] = eos_id
+    return groups
+
+
+def test_mask_truncated_hides_truncated_completions_from_the_objective(tiny_model_dir: Path) -> None:
+    _, learner, sampler = _setup(tiny_model_dir, "objective.mask_truncated=true")
+    groups = _with_eos_in(_groups_with_signal(sampler, 2), {0, 3}, learner.policy.eos_id)
+    masks = []
+    objective = learner.objective
+
+    def recording(**kwargs):
+        masks.append(kwargs["mask"].clone())
+        return objective(**kwargs)
+
+    learner.objective = recording  # type: ignore[assignment]
+    learner.objective.normalize_advantages = objective.normalize_advantages  # type: ignore[attr-defined]
+    learner.objective.aggregation = objective.aggregation  # type: ignore[attr-defined]
+    learner.objective.needs_prox_logp = False  # type: ignore[attr-defined]
+    learner.objective.needs_ref_logp = False  # type: ignore[attr-defined]
+    stats = learner.train_step(groups)
+    (mask,) = masks
+    kept = [g.completion_mask_GL.bool() & torch.tensor([[True], [False], [False], [True]]) for g in groups]
+    width = mask.shape[1]
+    assert torch.equal(mask, torch.cat([k[:, :width] for k in kept]))
+    assert stats["obj/truncated_frac"] == 0.5
+
+
+def test_a_batch_of_truncated_completions_trains_nothing(tiny_model_dir: Path) -> None:
+    _, learner, sampler = _setup(tiny_model_dir, "objective.mask_truncated=true", "learner.micro_batch_tokens=30")
+    groups = _with_eos_in(_groups_with_signal(sampler, 4), set(), learner.policy.eos_id)
+    before = _params(learner.policy.model)
+    stats = learner.train_step(groups)
+    assert stats["obj/truncated_frac"] == 1.0
+    assert all(torch.equal(p, before[k]) for k, p in learner.policy.model.named_parameters())
+    assert learner.version == 1
+
+
+def test_overlong_penalty_shapes_rewards_before_advantages(tiny_model_dir: Path) -> None:
+    # equal rewards carry no signal; the penalty on the longer completions does (max_new_tokens 3, cache 2:
+    # lengths 1, 2, 3 get 0, -1/2, -1)
+    _, learner, sampler = _setup(tiny_model_dir, "objective.overlong_cache=2", "learner.weight_decay=0.0")
+    groups = sampler.generate_groups(4)
+    for g in groups:
+        g.rewards_G = torch.ones(4)
+    lengths = torch.cat([g.completion_mask_GL.sum(1) for g in groups]).float()
+    expected = torch.where(lengths <= 1, 0.0, (1 - lengths) / 2).mean()
+    before = _params(learner.policy.model)
+    stats = learner.train_step(groups)
+    assert stats["obj/overlong_penalty_mean"] == pytest.approx(float(expected))
+    assert stats["reward/mean"] == 1.0  # the verifier's reward, unshaped
+    assert any(not torch.equal(p, before[k]) for k, p in learner.policy.model.named_parameters())
+    assert stats["obj/overlong_penalty_mean"] < 0
+
+
+def test_overlong_cache_longer_than_the_generation_limit_is_rejected(tiny_model_dir: Path) -> None:
+    with pytest.raises(ValueError, match=r"overlong_cache 4 exceeds sampler\.max_new_tokens 3"):
+        _setup(tiny_model_dir, "objective.overlong_cache=4")
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["objective.name=grpo", "objective.cap_mode=clamp"],
+        ["objective.name=gspo", "objective.cap_mode=mask", "objective.cap_level=geometric"],
+        ["objective.name=cispo"],
+    ],
+)
+def test_capped_and_new_objectives_train(tiny_model_dir: Path, overrides: list[str]) -> None:
+    _, learner, sampler = _setup(tiny_model_dir, *overrides)
+    before = _params(learner.policy.model)
+    stats = learner.train_step(_groups_with_signal(sampler, 4))
+    assert any(not torch.equal(p, before[k]) for k, p in learner.policy.model.named_parameters())
+    if "objective.name=cispo" not in overrides:
+        assert "obj/cap_frac" in stats  # the proximal forward pass ran

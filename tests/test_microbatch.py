@@ -29,6 +29,11 @@ def _groups(model_dir: Path, cfg, n: int = 6):
 def _gradient(model_dir: Path, groups, *overrides: str) -> torch.Tensor:
     cfg = tiny_config(model_dir, "sampler.max_new_tokens=5", *overrides)
     learner = Learner(Policy.load(model_dir), cfg)
+    if cfg.objective.ref_kl_beta > 0:  # move the policy off its reference, or the KL term has no gradient
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in learner.trainable:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
     captured = {}
 
     def capture(optimizer, args, kwargs):
@@ -49,6 +54,58 @@ def _gradient(model_dir: Path, groups, *overrides: str) -> torch.Tensor:
         ["objective.name=gepo", "objective.kl_beta=0.005"],
         ["objective.name=dg"],
         ["objective.name=decoupled_ppo"],
+        # behaviour-weight caps (the sampler here is 0.05 nats per token off), dual clip, CISPO
+        ["objective.name=grpo", "objective.cap_mode=clamp", "objective.cap=1.03"],
+        [
+            "objective.name=grpo",
+            "objective.aggregation=token_mean",
+            "objective.cap_mode=mask",
+            "objective.cap=1.2",
+            "objective.cap_level=sequence",
+        ],
+        ["objective.name=grpo", "objective.dual_clip=1.03"],
+        ["objective.name=gspo", "objective.cap_mode=clamp", "objective.cap=1.03"],
+        ["objective.name=gepo", "objective.cap_mode=mask", "objective.cap_level=sequence", "objective.cap=1.2"],
+        [
+            "objective.name=decoupled_ppo",
+            "objective.cap_mode=clamp",
+            "objective.cap_level=geometric",
+            "objective.cap=1.03",
+            "objective.dual_clip=1.5",
+        ],
+        ["objective.name=cispo"],
+        [
+            "objective.name=cispo",
+            "objective.aggregation=seq_mean_token_mean",
+            "objective.eps_high=0.02",
+            "objective.cap_mode=clamp",
+            "objective.cap=1.03",
+        ],
+        # KL to the reference (one extra forward pass per micro-batch), also across several optimizer steps
+        ["objective.name=grpo", "objective.aggregation=token_mean", "objective.ref_kl_beta=0.5"],
+        ["objective.name=gepo", "objective.ref_kl_beta=0.5", "objective.ref_kl_estimator=k2"],
+        [
+            "objective.name=dg",
+            "objective.aggregation=dr_grpo",
+            "objective.ref_kl_beta=0.5",
+            "objective.ref_kl_estimator=k1",
+        ],
+        ["objective.name=decoupled_ppo", "objective.ref_kl_beta=0.5", "learner.updates_per_batch=2"],
+        # truncated completions: masked from the loss, penalised in the rewards
+        [
+            "objective.name=grpo",
+            "objective.aggregation=token_mean",
+            "objective.mask_truncated=true",
+            "objective.overlong_cache=3",
+        ],
+        ["objective.name=gspo", "objective.eps_low=0.2", "objective.mask_truncated=true"],
+        [
+            "objective.name=grpo",
+            "objective.aggregation=dr_grpo",
+            "objective.mask_truncated=true",
+            "objective.overlong_cache=5",
+            "objective.overlong_penalty_factor=0.5",
+        ],
     ],
     ids=lambda o: "-".join(x.split("=")[1] for x in o),
 )

@@ -10,45 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from heterorl.cluster.simulated import SimulatedCluster
-from heterorl.config import load_config
-from heterorl.run import execute, make_learner, make_sampler
-from heterorl.tiny_model import build_qwen3, train_tokenizer
+from conftest import DATA, capture_records, math_config
+from heterorl.loop.build import build_sampler
+from heterorl.run import build_simulated, execute
 from heterorl.weights import load_snapshot
-
-DATA = Path(__file__).parent / "data" / "math_small.jsonl"
-
-
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Qwen3 and a 400-token byte-level BPE tokenizer trained on the problems, saved like a hub model."""
-    path = tmp_path_factory.mktemp("qwen3-tiny")
-    texts = [json.loads(line)["problem"] for line in DATA.read_text().splitlines()]
-    tok = train_tokenizer(texts, vocab_size=400)
-    tok.save_pretrained(path)
-    build_qwen3(tok, hidden=32, layers=1, seed=0).save_pretrained(path)
-    return path
-
-
-def math_config(model_dir: Path, *overrides: str):
-    return load_config(
-        None,
-        [
-            f"model.path={model_dir}",
-            "task.name=math",
-            f"task.path={DATA}",
-            "task.chat_template=true",
-            "task.eval_size=8",
-            "sampler.group_size=4",
-            "sampler.max_new_tokens=6",
-            "learner.steps=3",
-            "learner.groups_per_step=4",
-            "learner.lr=1e-3",
-            "eval.every=3",
-            "objective.name=gepo",
-            *overrides,
-        ],
-    )
 
 
 def test_math_run_with_math_verify_rewards(qwen_dir: Path, tmp_path: Path) -> None:
@@ -68,7 +33,7 @@ def test_math_run_with_math_verify_rewards(qwen_dir: Path, tmp_path: Path) -> No
 
 def test_prompts_are_wrapped_by_the_chat_template(qwen_dir: Path) -> None:
     cfg = math_config(qwen_dir)
-    sampler = make_sampler(cfg, str(qwen_dir), 0)
+    sampler = build_sampler(cfg, 0, str(qwen_dir))
     ids, mask = sampler.engine.policy.encode_prompts(["Solve for x: 4x + 7 = 31."])
     text = sampler.engine.policy.tokenizer.decode(ids[0][mask[0].bool()])
     assert text.startswith("<|user|>")
@@ -87,47 +52,48 @@ def reward_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     sys.modules.pop("my_rewards", None)
 
 
-def _cluster(cfg, base: Path):
-    learner = make_learner(cfg, str(base))
-    samplers = [make_sampler(cfg, str(base), 0)]
-    records: list[dict] = []
-    return SimulatedCluster(cfg, learner, samplers, records.append), records
+def _cluster(cfg, base: Path, run_dir: Path):
+    cluster = build_simulated(cfg, run_dir, str(base))
+    return cluster, capture_records(cluster)
 
 
-def test_lora_publishes_only_adapter_tensors(qwen_dir: Path, reward_module: str) -> None:
+def test_lora_publishes_only_adapter_tensors(qwen_dir: Path, reward_module: str, tmp_path: Path) -> None:
     cfg = math_config(
         qwen_dir, "model.lora={rank: 4, alpha: 8, target_modules: [q_proj, v_proj]}", f"task.reward={reward_module}"
     )
-    cluster, records = _cluster(cfg, qwen_dir)
+    cluster, records = _cluster(cfg, qwen_dir, tmp_path)
     cluster.run()
+    cluster.loop.publisher.close()
+    learner, store = cluster.loop.learner, cluster.loop.store
     assert any(r["reward/mean"] > 0 for r in records)  # the custom reward drove training
-    published = load_snapshot(cluster.publisher.store.update_for(None, None).snapshot)
+    published = load_snapshot(store.update_for(None, None).snapshot)
     assert published
     assert all(".lora_A." in n or ".lora_B." in n for n in published)
-    assert cluster.learner.export_weights().keys() == published.keys()
-    total = sum(p.numel() for p in cluster.learner.policy.model.parameters())
+    assert learner.export_weights().keys() == published.keys()
+    total = sum(p.numel() for p in learner.policy.model.parameters())
     assert sum(t.numel() for t in published.values()) < total / 10
     # the sampler's adapters are the learner's, bit for bit, and its base weights never moved
-    node = cluster.nodes[0]
-    assert node.receiver.apply(cluster.publisher.store.update_for(*node.receiver.held()))  # catch up to the newest
-    node.sampler.load_weights(node.receiver.version, node.receiver.weights)
-    assert node.sampler.version == cluster.learner.version
-    sampler_params = dict(node.sampler.engine.policy.model.named_parameters())
-    for name, t in cluster.learner.export_weights().items():
+    worker = cluster.nodes[0].worker
+    assert worker.receive(store.update_for(*worker.held()))  # catch up to the newest
+    worker.refresh()
+    assert worker.version == learner.version
+    sampler_params = dict(worker.sampler.engine.policy.model.named_parameters())
+    for name, t in learner.export_weights().items():
         assert torch.equal(sampler_params[name].detach(), t.float())
     base = AutoModelForCausalLM.from_pretrained(qwen_dir)
-    q = node.sampler.engine.policy.model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
+    q = worker.sampler.engine.policy.model.get_base_model().model.layers[0].self_attn.q_proj.base_layer.weight
     assert torch.equal(q, base.model.layers[0].self_attn.q_proj.weight)
 
 
-def test_lora_merged_publishes_full_weights_under_plain_names(qwen_dir: Path, reward_module: str) -> None:
+def test_lora_merged_publishes_full_weights_under_plain_names(qwen_dir: Path, reward_module: str, tmp_path) -> None:
     cfg = math_config(qwen_dir, "model.lora={rank: 4, publish: merged}", f"task.reward={reward_module}")
-    cluster, _ = _cluster(cfg, qwen_dir)
+    cluster, _ = _cluster(cfg, qwen_dir, tmp_path)
     cluster.run()
+    cluster.loop.publisher.close()
     plain = AutoModelForCausalLM.from_pretrained(qwen_dir)
-    published = cluster.learner.export_weights()
+    published = cluster.loop.learner.export_weights()
     assert published.keys() == dict(plain.named_parameters()).keys()
-    learner = cluster.learner.policy.model
+    learner = cluster.loop.learner.policy.model
     delta = learner.base_model.model.model.layers[0].self_attn.q_proj.get_delta_weight("default")
     expected = plain.model.layers[0].self_attn.q_proj.weight + delta
     assert torch.equal(published["model.layers.0.self_attn.q_proj.weight"], expected.detach().to(torch.bfloat16))
@@ -174,5 +140,5 @@ def test_the_tiny_model_builder_warm_starts_on_training_problems_only(
     task = make_task(cfg.task)
     assert {p.prompt for p in seen} == {p.prompt for p in task.train_problems}
     assert losses[0][1] < losses[0][0]  # the warm start lowers the loss of `\boxed{answer}`
-    sampler = make_sampler(cfg, str(tmp_path / "tiny"), 0)
+    sampler = build_sampler(cfg, 0, str(tmp_path / "tiny"))
     assert sampler.engine.policy.tokenizer.chat_template

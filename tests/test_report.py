@@ -11,17 +11,16 @@ import pytest
 import typer
 
 from heterorl.config import config_to_yaml, load_config
-from heterorl.report import (
-    ReportError,
-    ReportResult,
+from heterorl.report import ReportError, ReportResult, make_report, report_command
+from heterorl.report.runs import flatten, group_runs, load_run
+from heterorl.sinks import (
+    MissingPackageError,
     SinkError,
-    make_report,
-    report_command,
+    scalars,
+    tensorboard_export,
     wandb_export,
     wandb_preflight,
 )
-from heterorl.report.export import MissingPackageError, scalars, tensorboard_export
-from heterorl.report.runs import flatten, group_runs, load_run
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from heterorl.config import RunConfig, config_to_yaml
+from heterorl.naming import short_keys
 from heterorl.report import make_report
 from heterorl.sweep import (
     SweepError,
@@ -20,7 +21,6 @@ from heterorl.sweep import (
     load_sweep,
     resolve_configs,
     run_sweep,
-    short_keys,
     sweep_command,
 )
 

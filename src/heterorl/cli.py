@@ -127,10 +127,10 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     table.add_row("held-out accuracy", f"{acc0:.1%} -> {acc1:.1%}  ({(acc1 - acc0) * 100:+.1f} points)")
     table.add_row("reward", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}")
     table.add_row("learner steps", f"{summary['steps']}  ({summary['objective']}, {summary['mode']} mode)")
-    table.add_row("virtual time", f"{summary['virtual_seconds']:.0f} s")
+    table.add_row("clock time", f"{summary['clock_seconds']:.0f} s ({summary.get('clock', 'virtual')})")
     table.add_row("staleness", f"mean {summary['staleness_mean']:.2f}, max {summary['staleness_max']} steps")
     table.add_row("groups dropped", str(summary["groups_dropped"]))
-    table.add_row("throughput", f"{summary['tokens_per_virtual_second']:.0f} tokens / virtual s")
+    table.add_row("throughput", f"{summary['tokens_per_clock_second']:.0f} tokens / clock s")
     idle = ", ".join(f"{k} {v:.0%}" for k, v in summary["sampler_idle"].items())
     table.add_row("idle", f"learner {summary['learner_idle']:.0%}; samplers {idle}")
     if summary["weight_bytes_full"]:
@@ -143,10 +143,10 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 @contextmanager
 def _live_errors() -> Iterator[None]:
     """Live-mode failures a user can act on (setup, token, unreachable learner) print in red and exit 1."""
-    from heterorl.cluster.auth import TokenError
-    from heterorl.cluster.live import LiveRunError
-    from heterorl.cluster.preflight import LiveSetupError
-    from heterorl.cluster.remote import AuthError, LearnerUnreachableError
+    from heterorl.live.launcher import LiveRunError
+    from heterorl.live.preflight import LiveSetupError
+    from heterorl.transport.http.auth import TokenError
+    from heterorl.transport.http.client import AuthError, LearnerUnreachableError
 
     try:
         yield
@@ -169,11 +169,12 @@ def run(
     """Post-train a model with RL on the simulated cluster (or, with --live, on local processes) and write a run
     directory."""
     cfg = _load(config, set_)
-    from heterorl.run import execute, new_run_dir
+    from heterorl.loop.run_dir import new_run_dir
+    from heterorl.run import execute
 
     target = run_dir or new_run_dir(name=config.stem if config else "run")
     if live:
-        from heterorl.cluster.live import run_live
+        from heterorl.live.launcher import run_live
 
         with _live_errors():
             summary = run_live(cfg, target, show_progress=not quiet)
@@ -196,8 +197,8 @@ def learner(
 ) -> None:
     """Run the learner service: samplers pull weights from it and push rollout groups (docs/deployment.md)."""
     cfg = _load(config, set_)
-    from heterorl.cluster.learner_process import serve_learner
-    from heterorl.run import new_run_dir
+    from heterorl.live.learner_node import serve_learner
+    from heterorl.loop.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "learner")
     with _live_errors():
@@ -220,7 +221,7 @@ def sampler(
     if not connect:
         raise typer.BadParameter("--connect URL is required")
     cfg = _load(config, set_)
-    from heterorl.cluster.sampler_process import run_sampler
+    from heterorl.live.sampler_node import run_sampler
 
     with _live_errors():
         run_sampler(cfg, connect, index)

@@ -12,10 +12,19 @@ import struct
 from typing import Any
 
 
+def _header_bytes(header: dict[str, Any]) -> bytes:
+    return json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+
+
 def frame(magic: bytes, header: dict[str, Any], body: bytes = b"") -> bytes:
     """`magic | u32 len(header) | header JSON | body`, little-endian."""
-    head = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
+    head = _header_bytes(header)
     return struct.pack(f"<{len(magic)}sI", magic, len(head)) + head + body
+
+
+def frame_nbytes(magic: bytes, header: dict[str, Any]) -> int:
+    """Bytes of the frame's prefix and header (add the body's length for the whole message)."""
+    return len(magic) + 4 + len(_header_bytes(header))
 
 
 def unframe(data: bytes, magic: bytes, max_header: int, error: type[ValueError]) -> tuple[dict[str, Any], int]:

@@ -12,21 +12,35 @@ whose output was corrupted after sampling would report them; the learner cannot 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from heterorl.config import FrictionConfig
-from heterorl.engines.base import RolloutEngine
 from heterorl.policy import Generation, SamplingParams, TextFormat
 from heterorl.tasks import Problem
 
+if TYPE_CHECKING:
+    from heterorl.engines.base import RolloutEngine
+
+KINDS = ("actor_bug", "rare_discovery", "reward_corruption")
+"""The frictions a sampler injects (and reports per group in `RolloutGroup.info`)."""
+
+
+def frictions_active(cfg: FrictionConfig) -> bool:
+    return bool(cfg.actor_bug or cfg.rare_discovery or cfg.reward_corruption)
+
 
 class FrictionInjector:
-    """Applies the configured frictions to a generation and its rewards, from its own seeded stream."""
+    """Applies the configured frictions to a generation and its rewards, from its own seeded stream.
+
+    `hits` holds, per kind, which rows of the latest generation it changed (for per-group counts)."""
 
     def __init__(self, cfg: FrictionConfig, seed: int) -> None:
         self.cfg = cfg
         self.generator = torch.Generator().manual_seed(seed)
-        self.counts = {"actor_bug": 0, "rare_discovery": 0, "reward_corruption": 0}
+        self.counts = dict.fromkeys(KINDS, 0)
+        self.hits: dict[str, torch.Tensor] = {}
 
     def _draw(self, n: int, p: float) -> torch.Tensor:
         return torch.rand(n, generator=self.generator) < p
@@ -43,6 +57,7 @@ class FrictionInjector:
         N = len(problems_N)
         bug = self._draw(N, self.cfg.actor_bug)
         discovery = self._draw(N, self.cfg.rare_discovery) & ~bug
+        self.hits = {"actor_bug": bug, "rare_discovery": discovery}
         rows = (bug | discovery).nonzero().squeeze(-1).tolist()
         if not rows:
             return gen
@@ -69,6 +84,7 @@ class FrictionInjector:
     def corrupt_rewards(self, rewards_N: torch.Tensor) -> torch.Tensor:
         """Replace some rewards by a fair coin in {0, 1}."""
         hit = self._draw(rewards_N.shape[0], self.cfg.reward_corruption)
+        self.hits["reward_corruption"] = hit
         self.counts["reward_corruption"] += int(hit.sum())
         coin = (torch.rand(rewards_N.shape[0], generator=self.generator) < 0.5).to(rewards_N.dtype)
         return torch.where(hit, coin, rewards_N)

@@ -1,12 +1,16 @@
 """Learner: turns rollout groups into optimizer steps on fp32 master weights and bumps the weight version.
 
 One learner step = one batch of groups = one published weight version. A batch may be split into
-`updates_per_batch` minibatches (one optimizer step each); the proximal log-probs of decoupled PPO are those of
-the weights at the start of the step, computed once per batch.
+`updates_per_batch` minibatches (one optimizer step each); the proximal log-probs (decoupled PPO, behaviour-weight
+caps) are those of the weights at the start of the step, computed once per batch. With a KL penalty the learner
+holds a frozen reference (the starting weights; with LoRA the base model with its adapters disabled) and runs one
+no-grad forward pass of it per micro-batch. Truncated completions are found here (the objectives never see token
+ids): DAPO's overlong penalty shapes their rewards before the advantages, `mask_truncated` drops them from the loss.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 
@@ -16,6 +20,7 @@ from heterorl.config import LearnerConfig, RunConfig
 from heterorl.lora import adapter_state, apply_lora, enable_activation_checkpointing, merged_state
 from heterorl.microbatch import StatsAccumulator, loss_share, split_by_tokens
 from heterorl.objectives import group_advantages, objective_from_config
+from heterorl.objectives.overlong import overlong_penalty, truncated_completions
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import Batch, RolloutGroup, pack_groups
 
@@ -36,12 +41,22 @@ def lr_multiplier(step: int, total: int, cfg: LearnerConfig) -> float:
 class Learner:
     """Owns the master weights, the optimizer and the version counter."""
 
-    def __init__(self, policy: Policy, cfg: RunConfig) -> None:
+    def __init__(self, policy: Policy, cfg: RunConfig, reference: Policy | None = None) -> None:
+        """`reference`: the frozen model of the KL penalty (`objective.ref_kl_beta`); by default the weights the
+        learner starts from (a resumed learner must pass the run's base model)."""
         self.policy = policy
         self.cfg = cfg.learner
         self.objective = objective_from_config(cfg.objective)
+        self.options = cfg.objective
         self.params = SamplingParams.from_config(cfg.sampler)
+        self.max_new_tokens = cfg.sampler.max_new_tokens
+        if self.options.overlong_cache > self.max_new_tokens:
+            raise ValueError(
+                f"objective.overlong_cache {self.options.overlong_cache} exceeds sampler.max_new_tokens "
+                f"{self.max_new_tokens}"
+            )
         policy.model = policy.model.float()
+        self.reference = self._make_reference(reference, lora=cfg.model.lora is not None)
         if cfg.model.lora is not None:
             policy.model = apply_lora(policy.model, cfg.model.lora)
         self.lora = cfg.model.lora
@@ -62,11 +77,23 @@ class Learner:
         self.version = 0
         self.wire_dtype = WIRE_DTYPES[cfg.weights.wire_dtype]
 
+    def _make_reference(self, given: Policy | None, lora: bool) -> Policy | None:
+        """The frozen reference of the KL penalty: None when the penalty is off or (LoRA) when the base model is the
+        policy with its adapters disabled (PEFT's `disable_adapter`, no second copy); else `given` or an fp32 copy
+        of the starting weights."""
+        if not self.objective.needs_ref_logp or (given is None and lora):
+            return None
+        policy = self.policy
+        ref = given or Policy(copy.deepcopy(policy.model), policy.tokenizer, policy.device, policy.chat_template)
+        ref.model = ref.model.float().eval().requires_grad_(False)
+        return ref
+
     # ------------------------------------------------------------------ training
-    def _logp(self, batch: Batch) -> torch.Tensor:
-        device_type = self.policy.device.type
+    def _logp(self, batch: Batch, policy: Policy | None = None) -> torch.Tensor:
+        policy = policy or self.policy
+        device_type = policy.device.type
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16):
-            logp = self.policy.token_logprobs(
+            logp = policy.token_logprobs(
                 batch.prompt_ids_BP,
                 batch.prompt_mask_BP,
                 batch.completion_ids_BL,
@@ -75,6 +102,32 @@ class Learner:
             )
         return logp.float()
 
+    @torch.no_grad()
+    def _ref_logp(self, batch: Batch) -> torch.Tensor:
+        """Log-probs under the frozen reference (same autocast as the policy, so they agree at the start)."""
+        if self.reference is not None:
+            return self._logp(batch, self.reference)
+        with self.policy.model.disable_adapter():
+            return self._logp(batch)
+
+    def _rewards_and_loss_mask(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """Rewards after DAPO's overlong penalty (reward shaping, before advantages), the loss mask [B, L] without
+        the truncated completions when `mask_truncated`, and their statistics."""
+        truncated_B = truncated_completions(batch.completion_ids_BL, batch.completion_mask_BL, self.policy.eos_id)
+        rewards_B = batch.rewards_B
+        stats = {"obj/truncated_frac": float(truncated_B.float().mean())}
+        if self.options.overlong_cache > 0:
+            length_B = batch.completion_mask_BL.sum(dim=1)
+            penalty_B = overlong_penalty(
+                length_B, self.max_new_tokens, self.options.overlong_cache, self.options.overlong_penalty_factor
+            ).to(rewards_B.dtype)
+            rewards_B = rewards_B + penalty_B
+            stats["obj/overlong_penalty_mean"] = float(penalty_B.mean())
+        loss_mask_BL = batch.completion_mask_BL.bool()
+        if self.options.mask_truncated:
+            loss_mask_BL = loss_mask_BL & ~truncated_B[:, None]
+        return rewards_B, loss_mask_BL, stats
+
     def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """advantages -> objective -> optimizer step(s) -> version + 1. Returns namespaced statistics.
 
@@ -82,27 +135,31 @@ class Learner:
         micro-batches under `micro_batch_tokens` whose gradients accumulate exactly (heterorl.microbatch).
         """
         batch = pack_groups(groups, self.policy.pad_id).to(self.policy.device)
-        adv_B = group_advantages(batch.rewards_B, batch.group_index_B, normalize=self.objective.normalize_advantages)
+        rewards_B, loss_mask_BL, shaping_stats = self._rewards_and_loss_mask(batch)
+        adv_B = group_advantages(rewards_B, batch.group_index_B, normalize=self.objective.normalize_advantages)
         prox_logp_BL = None
         if self.objective.needs_prox_logp:
             with torch.no_grad():
                 prox_logp_BL = self._logp(batch)
-        aggregation = getattr(self.objective.config, "aggregation", "seq_mean")
+        aggregation = self.objective.aggregation
         acc = StatsAccumulator()
         chunks = torch.arange(len(groups)).chunk(self.cfg.updates_per_batch)
         for chunk in chunks:
             rows_B = torch.isin(batch.group_index_B, chunk.to(batch.group_index_B.device)).nonzero().squeeze(-1)
             self.optimizer.zero_grad(set_to_none=True)
             for micro_rows in split_by_tokens(batch, rows_B, self.cfg.micro_batch_tokens):
-                share = loss_share(aggregation, batch, micro_rows, rows_B)
+                if not bool(loss_mask_BL[micro_rows].any()):  # every completion masked (truncated): no loss term
+                    continue
+                share = loss_share(aggregation, loss_mask_BL, micro_rows, rows_B)
                 micro = batch.select(micro_rows, trim=aggregation != "dr_grpo")
                 out = self.objective(
                     logp=self._logp(micro),
                     behavior_logp=micro.behavior_logp_BL,
-                    mask=micro.completion_mask_BL,
+                    mask=loss_mask_BL[micro_rows, : micro.width],
                     advantages=adv_B[micro_rows],
                     group_index=micro.group_index_B,
                     prox_logp=None if prox_logp_BL is None else prox_logp_BL[micro_rows, : micro.width],
+                    ref_logp=self._ref_logp(micro) if self.objective.needs_ref_logp else None,
                 )
                 (out.loss * share).backward()
                 acc.add({f"obj/{k}": v for k, v in out.stats.items()}, weight=share / len(chunks))
@@ -111,8 +168,8 @@ class Learner:
             self.optimizer.step()
             self.scheduler.step()
         self.version += 1
-        stats = acc.result()
-        rewards = batch.rewards_B.float()
+        stats = {**acc.result(), **shaping_stats}
+        rewards = batch.rewards_B.float()  # the verifier's rewards, before any shaping
         stats.update(
             {
                 "reward/mean": float(rewards.mean()),
@@ -120,6 +177,7 @@ class Learner:
                 "perf/groups": float(len(groups)),
                 "perf/tokens": float(batch.num_tokens),
                 "perf/completion_len": batch.num_tokens / rewards.numel(),
+                "perf/prompt_len": float(batch.prompt_mask_BP.sum()) / rewards.numel(),
             }
         )
         return stats

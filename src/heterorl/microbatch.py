@@ -45,11 +45,11 @@ def split_by_tokens(batch: Batch, rows_B: torch.Tensor, budget: int | None) -> l
     return [rows_B[torch.isin(inverse, torch.tensor(b, device=inverse.device))] for b in bins]
 
 
-def loss_share(aggregation: str, batch: Batch, micro_rows: torch.Tensor, rows: torch.Tensor) -> float:
-    """The factor that makes the micro-batch's loss a term of the minibatch's loss (module docstring)."""
+def loss_share(aggregation: str, loss_mask_BL: torch.Tensor, micro_rows: torch.Tensor, rows: torch.Tensor) -> float:
+    """The factor that makes the micro-batch's loss a term of the minibatch's loss (module docstring); token counts
+    are those of the loss mask the objective sees (completion tokens, less any masked truncated completions)."""
     if aggregation == "token_mean":
-        mask = batch.completion_mask_BL
-        return float(mask[micro_rows].sum()) / float(mask[rows].sum())
+        return float(loss_mask_BL[micro_rows].sum()) / float(loss_mask_BL[rows].sum())
     return len(micro_rows) / len(rows)
 
 

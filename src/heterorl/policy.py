@@ -153,6 +153,11 @@ class TextFormat:
         enc = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
         return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
+    def prompt_ids(self, prompt: str) -> list[int]:
+        """The ids of one prompt as `encode_prompts` makes them, without padding."""
+        ids, mask = self.encode_prompts([prompt])
+        return ids[0][mask[0].bool()].tolist()
+
     def encode_completion(self, text: str) -> list[int]:
         """The ids of `text` followed by end-of-sequence: how a completion of that text is tokenized."""
         return [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.eos_id]

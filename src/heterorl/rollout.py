@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,6 +28,7 @@ class RolloutGroup:
     rewards_G: torch.Tensor  # float32
     created_at: float = 0.0  # clock time generation started
     finished_at: float = 0.0  # clock time generation ended
+    info: dict[str, int] = field(default_factory=dict)  # counts the sampler reports, e.g. frictions it injected
 
     @property
     def size(self) -> int:

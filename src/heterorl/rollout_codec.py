@@ -16,6 +16,7 @@ with a message saying what; a receiver counts it and carries on.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,8 @@ from heterorl.rollout import RolloutGroup
 
 MAGIC = b"HRG1"
 MAX_HEADER_BYTES = 1 << 16
+MAX_INFO_KEYS = 16
+_INFO_KEY = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
 class RolloutError(ValueError):
@@ -46,6 +49,7 @@ class GroupLimits:
     group_size: int | None = None  # required G, None = any
     max_prompt_tokens: int = 4096
     max_completion_tokens: int = 4096
+    max_total_tokens: int = 8192  # prompt + completion: the model's context (position embeddings)
 
 
 def encode_group(group: RolloutGroup) -> bytes:
@@ -62,6 +66,7 @@ def encode_group(group: RolloutGroup) -> bytes:
         "L": int(L),
         "created_at": float(group.created_at),
         "finished_at": float(group.finished_at),
+        "info": dict(group.info),
     }
     values = {
         "prompt_ids": group.prompt_ids_P,
@@ -98,6 +103,14 @@ def _parse_header(data: bytes) -> tuple[dict, int]:
         value = header.get(key, 0.0)
         if not isinstance(value, int | float) or not math.isfinite(value):
             raise RolloutError(f"header field {key!r} must be a finite number")
+    info = header.get("info", {})
+    if not isinstance(info, dict) or len(info) > MAX_INFO_KEYS:
+        raise RolloutError(f"header field 'info' must be an object of at most {MAX_INFO_KEYS} counts")
+    for key, count in info.items():
+        if not _INFO_KEY.match(key) or not isinstance(count, int) or isinstance(count, bool):
+            raise RolloutError(f"info entry {key[:40]!r} must be a lower-case name with an integer count")
+        if not 0 <= count <= header["G"]:
+            raise RolloutError(f"info count {key}={count} is not in [0, G]")
     return header, offset
 
 
@@ -105,7 +118,7 @@ def decode_group(data: bytes, limits: GroupLimits) -> RolloutGroup:
     """Parse and validate a group; raises RolloutError on anything malformed or out of bounds."""
     header, offset = _parse_header(data)
     P, G, L = header["P"], header["G"], header["L"]
-    if max(P - limits.max_prompt_tokens, L - limits.max_completion_tokens) > 0:
+    if max(P - limits.max_prompt_tokens, L - limits.max_completion_tokens, P + L - limits.max_total_tokens) > 0:
         raise RolloutError(f"prompt {P} / completion {L} tokens exceed the limits", "too_long")
     specs = _array_specs(P, G, L)
     expected = offset + sum(int(np.prod(shape)) * 4 for _, _, shape in specs)
@@ -133,6 +146,7 @@ def decode_group(data: bytes, limits: GroupLimits) -> RolloutGroup:
         rewards_G=torch.from_numpy(arrays["rewards"].astype(np.float32)),
         created_at=float(header.get("created_at", 0.0)),
         finished_at=float(header.get("finished_at", 0.0)),
+        info=dict(header.get("info", {})),
     )
     validate_group(group, limits)
     return group

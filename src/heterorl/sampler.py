@@ -15,7 +15,7 @@ import torch
 from heterorl.config import FrictionConfig
 from heterorl.engines.base import RolloutEngine
 from heterorl.engines.transformers_engine import TransformersEngine
-from heterorl.frictions import FrictionInjector
+from heterorl.frictions import FrictionInjector, frictions_active
 from heterorl.policy import Policy, SamplingParams, TextFormat, run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.tasks import Problem, Task
@@ -43,9 +43,7 @@ class Sampler:
         self.group_size = group_size
         self._problems: Iterator[Problem] = task.train_stream(seed)
         self._groups_made = 0
-        active = frictions is not None and (
-            frictions.actor_bug or frictions.rare_discovery or frictions.reward_corruption
-        )
+        active = frictions is not None and frictions_active(frictions)
         self.frictions = FrictionInjector(frictions, seed + 1) if active else None
 
     @classmethod
@@ -108,6 +106,7 @@ class Sampler:
             rows = slice(k * G, (k + 1) * G)
             mask_GL = gen.completion_mask_NL[rows].cpu()
             width = max(int(mask_GL.sum(1).max()), 1)  # trim the group's padding
+            info = {} if self.frictions is None else {k: int(h[rows].sum()) for k, h in self.frictions.hits.items()}
             self._groups_made += 1
             groups.append(
                 RolloutGroup(
@@ -121,6 +120,7 @@ class Sampler:
                     behavior_logp_GL=gen.logp_NL[rows, :width].float().cpu(),
                     version_GL=gen.version_NL[rows, :width].cpu(),
                     rewards_G=rewards[rows].float(),
+                    info=info,
                 )
             )
         return groups

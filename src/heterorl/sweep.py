@@ -44,13 +44,13 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from heterorl.config import ConfigError, RunConfig, load_config, parse_override, read_yaml_mapping
+from heterorl.naming import short_keys
 
 Runner = Callable[[RunConfig, Path], object]
 """Trains one config into one run directory and writes its summary.json (the default is `execute_run`)."""
 
 Status = Literal["pending", "done", "skipped", "failed"]
 SAFE_CHARS = re.compile(r"[^A-Za-z0-9._+-]+")
-GENERIC_PARTS = frozenset({"name", "kind", "count"})  # say little alone: shown with their parent
 MAX_ERRORS_SHOWN = 5  # invalid points listed in full; usually they all fail for the same reason
 MAX_NAME = 120  # run directory names (and group names) beyond this keep a prefix and a hash of the point
 MAX_SLUG = 40  # longer (or lossy) value slugs are cut and suffixed with a hash, keeping names under path limits
@@ -221,23 +221,6 @@ def _slug(value: Any) -> str:
         digest = hashlib.sha1(_canonical(value).encode()).hexdigest()[:8]
         slug = f"{slug[:MAX_SLUG]}~{digest}"
     return slug
-
-
-def short_keys(keys: list[str]) -> dict[str, str]:
-    """The shortest dotted suffix of each key that is unique among `keys` and says what it is: a bare list index
-    or a generic part (`name`, `kind`, a list's `count`) keeps its parent (`objective.name`, `weights_delay.kind`)."""
-    short = {}
-    for key in keys:
-        parts = key.split(".")
-        n = 1
-        while n < len(parts) and (
-            parts[-n] in GENERIC_PARTS
-            or parts[-n].isdigit()
-            or any(o != key and (o == ".".join(parts[-n:]) or o.endswith("." + ".".join(parts[-n:]))) for o in keys)
-        ):
-            n += 1
-        short[key] = ".".join(parts[-n:])
-    return short
 
 
 def point_name(point: dict[str, Any], keys: dict[str, str] | None = None) -> str:

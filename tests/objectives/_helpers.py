@@ -26,6 +26,7 @@ def run(
     advantages: list[float],
     group_index: list[int] | None = None,
     prox_logp: Matrix | None = None,
+    ref_logp: Matrix | None = None,
 ) -> Result:
     logp_BT = torch.tensor(logp, dtype=torch.float64, requires_grad=True)
     out = objective(
@@ -35,6 +36,7 @@ def run(
         advantages=torch.tensor(advantages, dtype=torch.float64),
         group_index=torch.tensor(group_index if group_index is not None else list(range(len(logp)))),
         prox_logp=None if prox_logp is None else torch.tensor(prox_logp, dtype=torch.float64),
+        ref_logp=None if ref_logp is None else torch.tensor(ref_logp, dtype=torch.float64),
     )
     (grad,) = torch.autograd.grad(out.loss, logp_BT)
     return Result(out.loss.item(), grad.tolist(), out.stats)

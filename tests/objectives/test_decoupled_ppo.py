@@ -82,3 +82,12 @@ def test_huge_behaviour_weight_is_dropped_cleanly():
     assert torch.isfinite(out.loss)
     torch.testing.assert_close(grad, torch.tensor([[0.0, -0.5]]))
     assert out.stats["cap_frac"] == 0.5
+
+
+def test_dual_clip_caps_the_proximal_ratio():
+    # u_11 = e^0.4 = 1.49 with A < 0; c = 1.4 < u: loss b c |A| = e^-0.4 * 1.4 * 0.5 and no gradient
+    res = run(make_objective("decoupled_ppo", cap=2.0, dual_clip=1.4), LOGP, BEHAVIOR, MASK, ADV, prox_logp=PROX)
+    tokens = [-E(0.3), 0.0, -1.0, 0.5 * E(0.2), 0.5 * 1.4 * E(-0.4)]
+    assert_close(res.loss, sum(tokens) / 5)
+    assert_close(res.grad, [[-E(0.3) / 5, 0.0, -1 / 5], [0.5 * E(0.2) / 5, 0.0, 0.0]])
+    assert res.stats["dual_clip_frac"] == pytest.approx(1 / 4)  # over the 4 tokens not dropped by the cap

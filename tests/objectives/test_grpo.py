@@ -68,3 +68,22 @@ def test_grpo_stats_by_hand():
     assert s["entropy_proxy"] == pytest.approx((1.0 + 0.5 + 2.0 + 0.3 + 1.2) / 5)
     assert s["advantage_abs_mean"] == pytest.approx(0.75)
     assert s["loss"] == pytest.approx(res.loss)
+
+
+def test_dual_clip_by_hand():
+    # A < 0 with rho = 4 > c = 3: loss capped at c |A| = 1.5, no gradient; rho = 2 < c: the unclipped side -A rho;
+    # A > 0 with rho = 4: the ordinary clip (1 + eps) A. eps 0.2, c = 3, seq_mean_token_mean.
+    logp = [[math.log(4.0), math.log(2.0)], [math.log(4.0), 0.0]]
+    behavior = [[0.0, 0.0], [0.0, 0.0]]
+    res = run(make_objective("grpo", dual_clip=3.0), logp, behavior, [[1, 1], [1, 0]], [-0.5, 1.0])
+    assert_close(res.loss, ((1.5 + 1.0) / 2 + (-1.2)) / 2)
+    assert_close(res.grad, [[0.0, 0.5 * 2.0 / 2 / 2], [0.0, 0.0]])
+    assert res.stats["dual_clip_frac"] == pytest.approx(1 / 3)
+    plain = run(make_objective("grpo"), logp, behavior, [[1, 1], [1, 0]], [-0.5, 1.0])
+    assert plain.grad[0][0] == pytest.approx(0.5 * 4.0 / 2 / 2)  # without it the stale token dominates
+    assert "dual_clip_frac" not in plain.stats
+
+
+def test_dual_clip_must_exceed_one():
+    with pytest.raises(ValueError, match="dual_clip"):
+        make_objective("grpo", dual_clip=1.0)

@@ -3,7 +3,15 @@
 import pytest
 import torch
 
-from heterorl.config import OBJECTIVE_CONFIGS, DecoupledPPOConfig, GEPOConfig, GRPOConfig, RunConfig
+from heterorl.config import (
+    OBJECTIVE_CONFIGS,
+    ConfigError,
+    DecoupledPPOConfig,
+    GEPOConfig,
+    GRPOConfig,
+    RunConfig,
+    load_config,
+)
 from heterorl.objectives import OBJECTIVES, hyperparameter_names, make_objective, objective_from_config
 
 
@@ -40,12 +48,27 @@ def test_unknown_hyperparameter_lists_valid_ones():
     assert "invalid hyperparameters for objective 'grpo'" in msg
     for field in ("eps_low", "eps_high", "aggregation", "normalize_advantages"):
         assert field in msg
-    assert hyperparameter_names("grpo") == ["eps_low", "eps_high", "aggregation", "normalize_advantages"]
+    assert hyperparameter_names("grpo") == [
+        *("ref_kl_beta", "ref_kl_estimator", "mask_truncated", "overlong_cache", "overlong_penalty_factor"),
+        *("cap_mode", "cap", "cap_low", "cap_level"),
+        *("eps_low", "eps_high", "dual_clip", "aggregation", "normalize_advantages"),
+    ]
 
 
 @pytest.mark.parametrize(
     ("name", "hp"),
-    [("grpo", {"eps_low": -0.1}), ("dg", {"aggregation": "sum"}), ("decoupled_ppo", {"cap": 0}), ("gepo", {"eps": 2})],
+    [
+        ("grpo", {"eps_low": -0.1}),
+        ("dg", {"aggregation": "sum"}),
+        ("decoupled_ppo", {"cap": 0}),
+        ("gepo", {"eps": 2}),
+        ("gspo", {"cap_mode": "tis"}),
+        ("grpo", {"cap_level": "group"}),
+        ("cispo", {"eps_low": 1.5}),
+        ("pg", {"ref_kl_beta": -1}),
+        ("dg", {"overlong_cache": -1}),
+        ("grpo", {"dual_clip": 0.5}),
+    ],
 )
 def test_invalid_value_is_a_value_error(name: str, hp: dict):
     with pytest.raises(ValueError, match=f"invalid hyperparameters for objective '{name}'.*{next(iter(hp))}"):
@@ -93,3 +116,50 @@ def test_objective_is_frozen():
     with pytest.raises(AttributeError):
         obj.name = "pg"  # type: ignore[misc]
     assert isinstance(obj.config, GRPOConfig)
+
+
+@pytest.mark.parametrize(
+    ("hp", "match"),
+    [
+        ({"cap_mode": "clamp", "cap_low": 0.5}, "cap_low only applies to cap_mode 'mask'"),
+        ({"cap_mode": "mask", "cap": 2.0, "cap_low": 2.0}, "must be below cap"),
+    ],
+)
+def test_cap_bounds_are_checked(hp: dict, match: str):
+    with pytest.raises(ValueError, match=match):
+        make_objective("grpo", **hp)
+
+
+def test_cap_lower_bound():
+    assert GRPOConfig(cap_mode="mask", cap=4.0).cap_lower_bound == 0.25  # verl's default: 1 / cap
+    assert GRPOConfig(cap_mode="mask", cap=4.0, cap_low=0.0).cap_lower_bound == 0.0
+    assert GRPOConfig(cap_mode="clamp", cap=4.0).cap_lower_bound == 0.0
+    assert DecoupledPPOConfig().cap_lower_bound == 0.0  # AReaL: the upper side only
+    assert DecoupledPPOConfig(cap_mode="clamp").cap_lower_bound == 0.0
+
+
+def test_options_decide_the_extra_forward_passes():
+    assert make_objective("grpo", cap_mode="clamp").needs_prox_logp
+    assert make_objective("cispo", cap_mode="mask").needs_prox_logp
+    assert not make_objective("cispo").needs_prox_logp
+    assert make_objective("dg", ref_kl_beta=0.01).needs_ref_logp
+    assert not make_objective("decoupled_ppo").needs_ref_logp
+    assert make_objective("gspo").aggregation == "seq_mean_token_mean"
+    assert make_objective("cispo").aggregation == "token_mean"
+
+
+def test_config_keeps_the_objective_name_first():
+    assert next(iter(GRPOConfig.model_fields)) == "name"
+    assert next(iter(RunConfig().objective.model_dump())) == "name"
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVE_CONFIGS))
+def test_run_config_parses_every_objective_by_name(name: str):
+    assert type(RunConfig(objective={"name": name}).objective) is OBJECTIVE_CONFIGS[name]
+
+
+def test_objective_options_without_a_name_apply_to_the_default_objective():
+    cfg = load_config(None, ["objective.ref_kl_beta=0.04", "objective.mask_truncated=true"])
+    assert cfg.objective == GRPOConfig(ref_kl_beta=0.04, mask_truncated=True)
+    with pytest.raises(ConfigError, match=r"'ppo2' .* expected tags: 'grpo', 'gspo'"):
+        load_config(None, ["objective.name=ppo2"])

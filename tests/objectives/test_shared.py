@@ -78,3 +78,11 @@ def test_group_logsumexp_by_hand():
     ids = torch.tensor([0, 1, 0, 1, 2])
     expected = [math.log(1 + 2), 1000 + math.log(1 + math.exp(-1)), -math.inf]
     torch.testing.assert_close(group_logsumexp(x, ids, 3), torch.tensor(expected, dtype=torch.float64))
+
+
+def test_weight_stats_saturate_instead_of_nan():
+    # two sequences with exact log ratios 1000 and 0: the mean is e^700 / 2 (saturated), the variance inf
+    stats = log_weight_stats(torch.tensor([1000.0, 0.0]), torch.tensor([True, True]))
+    assert stats["is_weight_mean"].item() == pytest.approx(math.exp(700) / 2)
+    assert stats["is_weight_var"].item() == math.inf
+    assert stats["ess"].item() == pytest.approx(0.5)  # exact: one weight dominates

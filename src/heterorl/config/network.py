@@ -77,4 +77,7 @@ class LinkConfig(Strict):
     rollout_delay: DelayConfig = Field(default_factory=FixedDelay, description="Sampler -> learner delay model.")
     bandwidth_mbps: float | None = Field(None, gt=0.0, description="Megabits per second; None = unlimited.")
     weights_faults: FaultConfig = Field(default_factory=FaultConfig, description="Faults on the weights path.")
+    retry_seconds: float = Field(
+        30.0, gt=0.0, description="After a weight update is lost, the next one is asked for this long later (s)."
+    )
     rollout_faults: FaultConfig = Field(default_factory=FaultConfig, description="Faults on the rollout path.")

@@ -17,7 +17,14 @@ from heterorl.config.cluster import ClusterConfig, LiveConfig, WeightsConfig
 from heterorl.config.model import ModelConfig
 from heterorl.config.objectives import GRPOConfig, ObjectiveConfig
 from heterorl.config.tasks import AdditionTaskConfig, TaskConfig
-from heterorl.config.training import EvalConfig, LearnerConfig, MetricsConfig, PretrainConfig, SamplerConfig
+from heterorl.config.training import (
+    EvalConfig,
+    LearnerConfig,
+    MetricsConfig,
+    PretrainConfig,
+    RuntimeConfig,
+    SamplerConfig,
+)
 
 
 class RunConfig(Strict):
@@ -35,6 +42,7 @@ class RunConfig(Strict):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     live: LiveConfig = Field(default_factory=LiveConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
     @model_validator(mode="after")
     def _eta_needs_async(self) -> RunConfig:
@@ -62,8 +70,8 @@ def _tag(model: type[BaseModel]) -> set[Any]:
     return {model.model_fields[f].default for f in ("name", "kind") if f in model.model_fields}
 
 
-def model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """The config section a validation error's location points into (None if it is not a section).
+def _candidates(loc: tuple[int | str, ...]) -> list[Any]:
+    """The annotations a validation error's location may point at: one model, or a union's members.
 
     Locations hold field names, list indices and, inside a discriminated union, the chosen member's tag
     (`("task", "math", "eval_fraction")`)."""
@@ -78,8 +86,19 @@ def model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
         if not step:  # a union's tag: keep the member it names
             step = [a for a in current if _is_model(a) and part in _tag(a)]
         current = step
-    models = [a for a in current if _is_model(a)]
+    return current
+
+
+def model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The config section a validation error's location points into (None if it is not one section)."""
+    models = [a for a in _candidates(loc) if _is_model(a)]
     return models[0] if len(models) == 1 else None
+
+
+def _tag_field(loc: tuple[int | str, ...]) -> str:
+    """The field (`name` / `kind`) that chooses among the union of sections at `loc`."""
+    models = [a for a in _candidates(loc) if _is_model(a)]
+    return next((f for f in ("name", "kind") if models and all(f in m.model_fields for m in models)), "name")
 
 
 def _suggestion(word: str, choices: list[str]) -> str:
@@ -105,8 +124,8 @@ def _message(e: Any) -> str:
 def _location(e: Any) -> str:
     """The dotted location; an unknown union tag is reported at the discriminator field (`objective.name`)."""
     loc = [str(p) for p in e["loc"]]
-    if e["type"] == "union_tag_invalid":
-        loc.append(e["ctx"]["discriminator"].strip("'"))
+    if e["type"] == "union_tag_invalid":  # the discriminator may be a field name or a function: name the field
+        loc.append(_tag_field(tuple(e["loc"])))
     return ".".join(loc) or "<root>"
 
 

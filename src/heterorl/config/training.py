@@ -121,3 +121,15 @@ class MetricsConfig(Strict):
         description="offline: files only, `wandb sync` later; online: to the W&B server (needs a key and network).",
     )
     wandb_project: str = Field("heterorl", min_length=1, description="W&B project name.")
+
+
+class RuntimeConfig(Strict):
+    """How every process of the run computes; recorded in the run directory, so a run says how it was made."""
+
+    threads: int | None = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="torch intra-op threads per process. Fixed by default: float reductions split by thread, so "
+        "results (and the cached warm start) would otherwise differ between machines; None = torch's default.",
+    )

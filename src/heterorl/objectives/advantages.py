@@ -1,4 +1,4 @@
-"""Group-relative advantages (algorithms.md section 1)."""
+"""Group-relative advantages (docs/objectives.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Delightful Policy Gradient: gate each token by its "delight" A * surprisal (algorithms.md section 5)."""
+"""Delightful Policy Gradient: gate each token by its "delight" A * surprisal (docs/objectives.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Diagnostics every objective reports (algorithms.md section 8): learner–sampler KL, importance-weight statistics,
+"""Diagnostics every objective reports (docs/objectives.md): learner–sampler KL, importance-weight statistics,
 clip and gate fractions. All are computed without gradient, in float64 where weights can be huge (a 50-nat gap is a
 weight of 5e21, whose square overflows float32), and from log-weights where that avoids overflow altogether.
 """
@@ -19,6 +19,7 @@ COMMON_STAT_KEYS = ("loss", "kl_k3", "kl_k1", "entropy_proxy", "advantage_abs_me
 WEIGHT_STAT_KEYS = ("is_weight_mean", "is_weight_var", "is_weight_max", "ess")
 CLIP_STAT_KEYS = ("clip_frac", "clip_frac_low", "clip_frac_high")
 GATE_STAT_KEYS = ("gate_mean", "gate_frac_below_0.1", "gate_frac_above_0.9")
+LOG_WEIGHT_SATURATION = 700.0  # exp(700) ~ 1e304 < float64's max ~ 1.8e308
 
 
 def k3(log_ratio: Tensor) -> Tensor:
@@ -35,12 +36,14 @@ def log_weight_stats(log_w: Tensor, valid: Tensor) -> dict[str, Tensor]:
     """Mean, population variance, max and ESS of the weights exp(log_w) over `valid` elements.
 
     ESS = (sum w)^2 / (n sum w^2) in (0, 1], 1 when all weights are equal; computed as
-    exp(2 lse(log w) - lse(2 log w) - log n) so it stays exact whatever the magnitude of the weights.
+    exp(2 lse(log w) - lse(2 log w) - log n) so it stays exact whatever the magnitude of the weights. Mean and
+    variance saturate weights at e^700 (an exact sequence ratio can reach e^1000), so they are inf at worst,
+    never inf - inf = NaN.
     """
     log_w = log_w.detach().double()
     n = valid.sum().clamp(min=1).double()
     neg_inf = torch.tensor(-torch.inf, dtype=torch.float64, device=log_w.device)
-    w = torch.where(valid, log_w.exp(), 0.0)
+    w = torch.where(valid, log_w.clamp(max=LOG_WEIGHT_SATURATION).exp(), 0.0)
     mean = w.sum() / n
     var = torch.where(valid, (w - mean) ** 2, 0.0).sum() / n
     log_w_valid = torch.where(valid, log_w, neg_inf)

@@ -1,4 +1,4 @@
-"""Baselines without clipping (algorithms.md section 7): REINFORCE and truncated sequence-level IS."""
+"""Baselines without clipping (docs/objectives.md): REINFORCE and truncated sequence-level IS."""
 
 from __future__ import annotations
 

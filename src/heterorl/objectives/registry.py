@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from heterorl.config import OBJECTIVE_CONFIGS
 from heterorl.objectives.base import LossFn, Objective
+from heterorl.objectives.cispo import cispo
 from heterorl.objectives.decoupled_ppo import decoupled_ppo
 from heterorl.objectives.dg import dg
 from heterorl.objectives.gepo import gepo
@@ -22,7 +23,8 @@ from heterorl.objectives.pg import is_pg, pg
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """How to build one objective: its loss function and whether it needs `prox_logp`."""
+    """How to build one objective: its loss function and whether it always needs `prox_logp` (any objective with
+    a behaviour-weight cap needs it too)."""
 
     loss_fn: LossFn
     needs_prox_logp: bool = False
@@ -34,6 +36,7 @@ OBJECTIVES: dict[str, ObjectiveSpec] = {
     "gepo": ObjectiveSpec(gepo),
     "dg": ObjectiveSpec(dg),
     "decoupled_ppo": ObjectiveSpec(decoupled_ppo, needs_prox_logp=True),
+    "cispo": ObjectiveSpec(cispo),
     "pg": ObjectiveSpec(pg),
     "is_pg": ObjectiveSpec(is_pg),
 }
@@ -75,4 +78,5 @@ def objective_from_config(cfg: BaseModel) -> Objective:
     if not isinstance(cfg, OBJECTIVE_CONFIGS[name]):
         raise TypeError(f"config for {name!r} must be a {OBJECTIVE_CONFIGS[name].__name__}, got {type(cfg).__name__}")
     spec = OBJECTIVES[name]
-    return Objective(name=name, config=cfg, loss_fn=spec.loss_fn, needs_prox_logp=spec.needs_prox_logp)
+    needs_prox = spec.needs_prox_logp or getattr(cfg, "cap_mode", "none") != "none"
+    return Objective(name=name, config=cfg, loss_fn=spec.loss_fn, needs_prox_logp=needs_prox)

@@ -25,7 +25,7 @@ import yaml
 from pydantic import BaseModel
 
 from heterorl.config import RunConfig
-from heterorl.sweep import short_keys
+from heterorl.naming import short_keys
 
 MISSING = "unset"  # how a key absent from a run's config is shown (another objective or delay model, say)
 
@@ -57,28 +57,44 @@ def differing_keys(configs: list[dict[str, Any]], exclude: frozenset[str] = froz
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
-    """The config models inside an annotation (`X | None`, `list[X]`, a union of models)."""
+    """The config models inside an annotation (`X | None`, `list[X]`, `Annotated[X, ...]`, a union of models)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _models(typing.get_args(annotation)[0])
     if typing.get_origin(annotation) in (typing.Union, types.UnionType, list):
         return [m for arg in typing.get_args(annotation) for m in _models(arg)]
     return []
+
+
+def _tag_field(members: list[type[BaseModel]]) -> str | None:
+    """The field that tells the members of a union of configs apart: `name` or `kind`, a literal in each."""
+    if len(members) < 2:
+        return None
+    for tag in ("name", "kind"):
+        fields = [m.model_fields.get(tag) for m in members]
+        if all(f is not None and typing.get_origin(f.annotation) is typing.Literal for f in fields):
+            return tag
+    return None
 
 
 def _walk(model: type[BaseModel], prefix: str, found: set[str]) -> None:
     for name, info in model.model_fields.items():
         key = f"{prefix}{name}"
         inner = f"{key}.*." if typing.get_origin(info.annotation) is list else f"{key}."
-        if isinstance(info.discriminator, str):
-            found.add(f"{key}.{info.discriminator}")
-        for sub in _models(info.annotation):
+        members = _models(info.annotation)
+        tag = _tag_field(members)
+        if tag is not None:
+            found.add(f"{inner}{tag}")
+        for sub in members:
             _walk(sub, inner, found)
 
 
 @functools.cache
 def discriminator_patterns() -> frozenset[str]:
     """The config keys that choose an implementation (`objective.name`, `task.name`, every link's delay `kind`),
-    as patterns with `*` for list indices, read from RunConfig's discriminated unions."""
+    as patterns with `*` for list indices: the literal `name` / `kind` of RunConfig's unions of config models
+    (however pydantic is told to discriminate them)."""
     found: set[str] = set()
     _walk(RunConfig, "", found)
     return frozenset(found)

@@ -62,9 +62,10 @@ def final_reward(train: list[dict[str, Any]]) -> float:
 def run_stats(run: RunData) -> RunStats:
     """best/last accuracy: max / latest `eval/accuracy` over the eval records (the initial evaluation included);
     staleness, KL, IS-weight variance: means over learner steps of `stale/mean`, `obj/kl_k3`, `obj/is_weight_var`;
-    virtual seconds: `time/virtual` of the last learner step; wall seconds: summary.json `wall_seconds`."""
+    clock seconds: `time/clock` of the last learner step (`time/virtual` in runs made before the name changed);
+    wall seconds: summary.json `wall_seconds`."""
     accuracies = [(r["step"], float(r["eval/accuracy"])) for r in run.evals if r.get("eval/accuracy") is not None]
-    virtual = _values(run.train, "time/virtual")
+    virtual = _values(run.train, "time/clock") or _values(run.train, "time/virtual")
     summary = run.summary or {}
     return RunStats(
         best_accuracy=max((a for _, a in accuracies), default=math.nan),

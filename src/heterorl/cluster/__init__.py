@@ -1,1 +1,0 @@
-"""Cluster drivers: the discrete-event loop and clocks (`events`), the simulated and the live cluster."""

@@ -1,0 +1,162 @@
+"""`heterorl run --live`: the live cluster on one host -- a learner process and one process per sampler node,
+joined over loopback HTTP on a free port, writing the same run directory and summary as the simulated mode.
+
+The warm start is built (or found in the cache) here first, so the children only load it. Children log to
+`<run>/live/learner.log` and `<run>/live/sampler-<i>.log` (JSON event lines); progress is read from the
+learner's metrics.jsonl as it grows. Every child is ended on exit, error or Ctrl-C: SIGTERM (the learner then
+checkpoints, so `heterorl learner --resume` can continue the run), then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from heterorl.config import RunConfig
+from heterorl.console import Bar, progress_bar
+from heterorl.live.preflight import check_live_config
+from heterorl.loop.build import resolve_base_model
+from heterorl.loop.run_dir import prepare_run_dir
+from heterorl.transport.http.auth import configured_token, new_token
+
+POLL_S = 0.2
+GRACE_S = 30.0  # time a terminated learner gets to write its final state
+LOG_TAIL_CHARS = 3000
+
+
+class LiveRunError(RuntimeError):
+    """A child process of the live run failed; the message carries the end of its log."""
+
+
+def log_tail(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")[-LOG_TAIL_CHARS:] if path.is_file() else ""
+
+
+class ProcessGroup:
+    """Child processes, each in its own session and logging to a file, that are always ended on `close`."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.procs: dict[str, tuple[subprocess.Popen[bytes], Path, IO[bytes]]] = {}
+
+    def start(self, name: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+        out = log.open("ab")
+        argv = [sys.executable, "-m", "heterorl.live.node", *args]
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        self.procs[name] = (proc, log, out)
+        return proc
+
+    def check(self, name: str) -> None:
+        """Raise if child `name` has exited with an error."""
+        proc, log, _ = self.procs[name]
+        if proc.poll() not in (None, 0):
+            raise LiveRunError(f"{name} exited with code {proc.returncode}; end of {log}:\n{log_tail(log)}")
+
+    def close(self) -> None:
+        running = [p for p, _, _ in self.procs.values() if p.poll() is None]
+        for proc in running:
+            proc.terminate()
+        deadline = time.monotonic() + GRACE_S
+        for proc in running:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for _, _, out in self.procs.values():
+            out.close()
+
+
+class MetricsFollower:
+    """Advances a progress bar from the records appended to metrics.jsonl (complete lines only)."""
+
+    def __init__(self, path: Path, bar: Bar) -> None:
+        self.path, self.bar, self.offset = path, bar, 0
+        self.steps = 0
+
+    def poll(self) -> None:
+        if not self.path.is_file():
+            return
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.splitlines():
+            record = json.loads(line)
+            if record.get("kind") == "train":
+                self.steps = record["step"]
+                self.bar.advance(1, reward=record["reward/mean"], stale=record["stale/mean"])
+            elif record.get("kind") == "eval" and record.get("step", 0) > 0:
+                self.bar.advance(0, acc=record["eval/accuracy"])
+
+
+def _wait_for_url(address: Path, procs: ProcessGroup, timeout_s: float) -> str:
+    """The learner's URL once it listens (it writes `address` then); raises if it dies or takes too long."""
+    learner = procs.procs["learner"][0]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        procs.check("learner")
+        if learner.poll() == 0:
+            raise LiveRunError("the learner exited before it started listening")
+        if address.is_file():
+            info = json.loads(address.read_text())
+            if info.get("pid") == learner.pid:
+                return str(info["url"])
+        time.sleep(POLL_S)
+    raise LiveRunError(f"the learner did not listen within {timeout_s:.0f} s")
+
+
+def child_env(cfg: RunConfig, token: str) -> dict[str, str]:
+    """The children's environment: the token, and torch threads split among the processes of this host."""
+    env = {**os.environ, cfg.live.token_env: token}
+    threads = max(1, (os.cpu_count() or 1) // (len(cfg.cluster.samplers) + 1))
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
+
+
+def run_live(cfg: RunConfig, run_dir: str | Path, show_progress: bool = True) -> dict[str, Any]:
+    """Run `cfg` on a live local cluster (one learner + one process per sampler node) into `run_dir`."""
+    wall_start = time.monotonic()
+    check_live_config(cfg)
+    run_dir = prepare_run_dir(cfg, run_dir)
+    live_dir = run_dir / "live"
+    live_dir.mkdir(exist_ok=True)
+    resolve_base_model(cfg, show_progress)
+    procs = ProcessGroup(child_env(cfg, configured_token(cfg.live) or new_token()))
+    config = str(run_dir / "config.yaml")
+    address = live_dir / "learner.json"
+    address.unlink(missing_ok=True)
+    try:
+        procs.start("learner", ["learner", config, "--run-dir", str(run_dir)], live_dir / "learner.log")
+        names = [f"sampler-{i}" for i in range(len(cfg.cluster.samplers))]
+        for i, name in enumerate(names):  # they start alongside the learner and wait for its address
+            args = ["sampler", config, "--connect-file", str(address), "--index", str(i)]
+            procs.start(name, args, live_dir / f"{name}.log")
+        _wait_for_url(address, procs, cfg.live.startup_timeout_s)
+        learner = procs.procs["learner"][0]
+        with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
+            follower = MetricsFollower(run_dir / "metrics.jsonl", bar)
+            while learner.poll() is None:
+                follower.poll()
+                for name in names:
+                    procs.check(name)
+                time.sleep(POLL_S)
+            follower.poll()
+        procs.check("learner")
+    finally:
+        procs.close()
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise LiveRunError(
+            f"the learner stopped before the last step; end of its log:\n{log_tail(live_dir / 'learner.log')}"
+        )
+    summary = json.loads(summary_path.read_text())
+    summary["wall_seconds"] = time.monotonic() - wall_start
+    summary_path.write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,221 @@
+"""`heterorl learner`: the learner loop driven on the wall clock, serving a live cluster over HTTP.
+
+A training thread runs the loop's steps back to back (take -> train -> commit, `heterorl.loop.learner_loop`)
+while the HTTP service (`heterorl.transport.http.service`) feeds the same loop: samplers pull the store's
+updates, push groups into `loop.offer`, and ask `loop.admit` before generating when `cluster.eta` is set.
+
+The run directory is the simulated mode's (config.yaml, metrics.jsonl, summary.json, checkpoint/) plus `live/`:
+`learner.json` (the URL it listens on, for launchers), `state/` (durable learner states), `journal/` (accepted
+groups since the last state). Every `live.checkpoint_every` steps the state is saved; `--resume` continues a
+killed or stopped learner from its newest state plus the journal, so every acknowledged group is either
+consumed (trained or dropped by the window) or queued again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from heterorl.config import RunConfig
+from heterorl.console import Bar, progress_bar
+from heterorl.eventlog import EventLog
+from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
+from heterorl.loop.build import build_learner, build_task, configure_torch, resolve_base_model
+from heterorl.loop.journal import Journal, segment_indices
+from heterorl.loop.learner_loop import LearnerLoop, published_stats
+from heterorl.loop.recorder import RunRecorder
+from heterorl.loop.run_dir import new_run_dir, prepare_run_dir
+from heterorl.loop.state import latest_state, restore_learner_state
+from heterorl.transport.http.auth import configured_token, new_token
+from heterorl.transport.http.service import serve_app
+
+TAKE_POLL_S = 0.5  # how often a waiting training thread re-checks for a stop request
+
+
+class LiveLearner:
+    """The learner process: the loop, its training thread, and what the HTTP service needs to know."""
+
+    def __init__(self, cfg: RunConfig, run_dir: Path, loop: LearnerLoop, events: EventLog) -> None:
+        self.cfg, self.run_dir, self.loop, self.events = cfg, run_dir, loop, events
+        self.state_root = run_dir / "live" / "state"
+        self.checkpoint_version: int | None = None
+        self.finished = False
+        self.told_finished: set[str] = set()  # samplers that were answered 410
+        self.summary: dict[str, Any] | None = None
+        self.stop = threading.Event()
+        self.notify = lambda: None  # set by the service: wakes long-polls (thread-safe)
+        loop.publisher.on_published.append(self._published)
+
+    def _published(self, published: Any) -> None:
+        self.events.emit("published", **published_stats(published))
+        self.notify()
+
+    def request_stop(self) -> None:
+        """Finish the current step, checkpoint, return from `train` (SIGTERM / SIGINT)."""
+        self.stop.set()
+        self.loop.intake.close()
+
+    def train(self) -> None:
+        """The loop's steps on the wall clock until `learner.steps` or a stop request; checkpoints on the way."""
+        loop, every = self.loop, self.cfg.live.checkpoint_every
+        while not loop.done and not self.stop.is_set():
+            taken = loop.take(TAKE_POLL_S)
+            if taken is None:
+                continue
+            began = time.monotonic()
+            result = loop.train(taken)
+            loop.commit(result, busy_seconds=time.monotonic() - began)
+            if loop.learner.version % every == 0 and not loop.done:
+                self.checkpoint()
+        if loop.done:
+            self.finished = True
+            self.notify()  # long-polls answer 410 now
+            self.checkpoint()  # the final state: every accepted group is consumed or queued
+            self.summary = loop.finish()
+            self.events.emit("finished", version=loop.learner.version, elapsed=round(loop.now(), 3))
+        else:
+            self.checkpoint()  # stopped early: durable state for --resume
+            loop.publisher.close()
+
+    def checkpoint(self) -> Path:
+        path = self.loop.save_state(self.state_root)
+        self.checkpoint_version = self.loop.learner.version
+        self.events.emit("checkpoint", version=self.loop.learner.version, path=str(path))
+        return path
+
+    def status(self) -> dict[str, Any]:
+        """GET /v1/status: progress, queue, counters, samplers."""
+        loop, window = self.loop, self.cfg.live.connected_seconds
+        return {
+            "version": loop.store.latest_version,
+            "state_hash": loop.store.latest_hash,
+            "steps": loop.learner.version,
+            "target_steps": self.cfg.learner.steps,
+            "finished": self.finished,
+            "checkpoint_version": self.checkpoint_version,
+            "queue": len(loop.intake.buffer),
+            **loop.intake.counters_json(),
+            "groups_dropped": loop.intake.buffer.dropped,
+            "connected": loop.peers.connected(window),
+            "samplers": loop.peers.status(window),
+            "elapsed_s": round(loop.now(), 3),
+            "resumes": loop.resumes,
+        }
+
+
+def _comparable(cfg: RunConfig) -> dict[str, Any]:
+    return cfg.model_dump(mode="json", exclude={"live"})
+
+
+def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> None:
+    state_root, journal = run_dir / "live" / "state", run_dir / "live" / "journal"
+    if not resume:
+        if latest_state(state_root) is not None or segment_indices(journal):
+            raise LiveSetupError(f"{run_dir} already holds a live learner; pass --resume or use a new run directory")
+        return
+    if latest_state(state_root) is None:
+        raise LiveSetupError(f"--resume: no learner state under {state_root}")
+    saved_cfg = RunConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    if _comparable(saved_cfg) != _comparable(cfg):
+        raise LiveSetupError(f"--resume: the config differs from {run_dir / 'config.yaml'} (only `live` may change)")
+
+
+def _truncate(path: Path, nbytes: int) -> None:
+    """Cut metrics.jsonl back to the checkpoint: the records of steps that are redone after a resume go."""
+    if path.is_file() and path.stat().st_size > nbytes:
+        with path.open("r+b") as f:
+            f.truncate(nbytes)
+
+
+def resolve_learner_token(cfg: RunConfig) -> str:
+    """The configured token, or a fresh one announced on stderr (samplers need it)."""
+    token = configured_token(cfg.live)
+    if token is None:
+        token = new_token()
+        print(
+            f"heterorl learner: no token in ${cfg.live.token_env} or live.token_file; generated one:\n"
+            f"  {token}\nStart samplers with {cfg.live.token_env} set to it.",
+            file=sys.stderr,
+            flush=True,
+        )
+    return token
+
+
+def open_learner(
+    cfg: RunConfig,
+    run_dir: Path,
+    base: str,
+    resume: bool = False,
+    events: EventLog | None = None,
+    bar: Bar | None = None,
+) -> LiveLearner:
+    """The learner process's loop over `run_dir`: fresh from `base`, or (resume) from the newest saved state plus
+    the journal. Call `loop.start()` next, then serve it."""
+    saved = None
+    if resume:
+        path = latest_state(run_dir / "live" / "state")
+        if path is None:
+            raise LiveSetupError(f"--resume: no learner state under {run_dir / 'live' / 'state'}")
+        learner = build_learner(cfg, str(path / "model"))
+        saved = restore_learner_state(learner, path)
+        _truncate(run_dir / "metrics.jsonl", int(saved.extra["metrics_bytes"]))
+    else:
+        learner = build_learner(cfg, base)
+    bar = bar or Bar(None, None)
+    if saved is not None:
+        bar.advance(saved.version)
+    recorder = RunRecorder(cfg, run_dir, learner, build_task(cfg), bar)
+    clock_start = time.monotonic()
+    journal = Journal(run_dir / "live" / "journal", fsync=cfg.live.fsync)
+    loop = LearnerLoop(cfg, learner, recorder, clock=lambda: time.monotonic() - clock_start, journal=journal)
+    events = events or EventLog()
+    live = LiveLearner(cfg, run_dir, loop, events)
+    if saved is not None:
+        queued = loop.restore_state(saved)
+        live.checkpoint_version = saved.version
+        events.emit("resumed", version=saved.version, queued=queued, path=str(saved.path))
+    return live
+
+
+def serve_learner(
+    cfg: RunConfig,
+    listen: str = "127.0.0.1:8470",
+    run_dir: str | Path | None = None,
+    resume: bool = False,
+    show_progress: bool = True,
+) -> dict[str, Any] | None:
+    """Run the learner service until `learner.steps` (-> the summary, also in summary.json) or a stop signal
+    (-> None; the state is saved and `resume=True` continues it)."""
+    wall_start = time.monotonic()
+    host, port = parse_listen(listen)
+    check_live_config(cfg)
+    if run_dir is None:
+        if resume:
+            raise LiveSetupError("--resume needs --run-dir")
+        run_dir = new_run_dir(name="live")
+    run_dir = Path(run_dir)
+    _check_run_dir(cfg, run_dir, resume)
+    token = resolve_learner_token(cfg)
+    run_dir = prepare_run_dir(cfg, run_dir)
+    (run_dir / "live").mkdir(exist_ok=True)
+    address = run_dir / "live" / "learner.json"
+    address.unlink(missing_ok=True)
+    configure_torch(cfg)
+    base, pretrain_info = resolve_base_model(cfg, show_progress)
+    with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
+        live = open_learner(cfg, run_dir, base, resume=resume, bar=bar)
+        live.loop.extra = {"base_model": str(base), "pretrain": pretrain_info, "clock": "wall"}
+        live.loop.start()  # the initial evaluation (fresh runs) and the current version's publication
+        asyncio.run(serve_app(live, token, host, port, address))
+    if live.summary is None:
+        return None
+    summary = {**live.summary, "wall_seconds": time.monotonic() - wall_start}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

@@ -1,0 +1,228 @@
+"""`heterorl sampler`: a sampler worker (`heterorl.loop.sampler_loop`) driven on the wall clock, connected out to
+the learner service.
+
+Three concurrent activities on one event loop:
+- pull: long-polls GET /v1/weights with the (version, hash) it holds and hands each update to the worker, which
+  applies it hash-checked or refuses it (then the next pull asks for a snapshot);
+- generate (a worker thread, torch): `worker.wants()` groups at a time — a chunk in async mode (after the
+  learner's admission when `cluster.eta` is set), its share of each new version in sync mode, generating again
+  what the learner did not acknowledge; with `sampler.interruptible` newer weights load between decoding steps;
+- push: POSTs each group (same bytes on every retry, so the learner de-duplicates) and reports the outcome.
+The outbox holds at most one chunk, so a sampler whose pushes stall (learner away, queue full) stops generating.
+
+Group ids are `<sampler>:<n>@<boot id>`; the random boot id keeps them unique across restarts of the process.
+Stops when the learner says the run is finished (410).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import secrets
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from heterorl.config import RunConfig
+from heterorl.eventlog import EventLog
+from heterorl.live.preflight import LiveSetupError, check_live_config, check_node_index
+from heterorl.loop.build import build_sampler, configure_torch, sampler_seed
+from heterorl.loop.intake import ACKED, body_digest
+from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.policy import run_process
+from heterorl.rollout import RolloutGroup
+from heterorl.rollout_codec import encode_group
+from heterorl.transport.emulation import LinkEmulator
+from heterorl.transport.http.auth import configured_token
+from heterorl.transport.http.client import FINISHED, FINISHED_WAIT, Backoff, LearnerClient
+from heterorl.weights.envelope import EnvelopeError, decode_update
+
+
+class LiveSampler:
+    """One sampler's pull / generate / push loops around its worker (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        worker: SamplerWorker,
+        client: LearnerClient,
+        link: LinkEmulator,
+        events: EventLog,
+        boot: str,
+    ) -> None:
+        self.cfg, self.worker, self.client, self.link, self.events, self.boot = cfg, worker, client, link, events, boot
+        self.admission = cfg.cluster.mode == "async" and cfg.cluster.eta is not None
+        self.started = time.monotonic()
+        self.busy_seconds = 0.0
+        self.counts: Counter[str] = Counter()
+        rng = random.Random(sampler_seed(cfg.seed, worker.index) + 1)  # the client's retries use the node seed
+        self.retry = Backoff(cfg.live.backoff_initial_s, cfg.live.backoff_max_s, rng)
+        self.gen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
+        self.finished = asyncio.Event()
+        self.changed = asyncio.Event()  # replaced after every set: wakes whoever waits for weights or answers
+        self.outbox: asyncio.Queue[tuple[RolloutGroup, bytes, asyncio.Future[str]]] = asyncio.Queue(
+            maxsize=worker.chunk
+        )
+
+    # ---------------------------------------------------------------- running
+    async def run(self) -> dict[str, Any]:
+        """Pull, generate and push until the learner says the run is finished; returns the push outcomes."""
+        tasks = [asyncio.create_task(c) for c in (self._pull_loop(), self._push_loop(), self._generate_loop())]
+        done_waiter = asyncio.create_task(self.finished.wait())
+        try:
+            done, _ = await asyncio.wait([*tasks, done_waiter], return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # re-raise a loop's error (learner unreachable, token refused)
+        finally:
+            for task in [*tasks, done_waiter]:
+                task.cancel()
+            await asyncio.gather(*tasks, done_waiter, return_exceptions=True)
+            self.gen_pool.shutdown(wait=True, cancel_futures=True)
+        result = {"sampler": self.worker.name, "boot": self.boot, "version": self.worker.receiver.version}
+        w = self.worker
+        updates = {"applied": w.applied, "failed": w.failed, "ignored": w.ignored}
+        self.events.emit("finished", **result, outcomes=dict(self.counts), updates=updates, idle=round(self.idle(), 4))
+        return {**result, "outcomes": dict(self.counts), "updates": updates}
+
+    def idle(self) -> float:
+        return 1.0 - self.busy_seconds / max(time.monotonic() - self.started, 1e-9)
+
+    def _signal(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def _finish(self) -> None:
+        self.finished.set()
+        self._signal()
+
+    # ---------------------------------------------------------------- weights
+    async def _pull_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.finished.is_set():
+            version, held_hash = self.worker.held()
+            wait = self.cfg.live.poll_seconds if version is not None else 0.0
+            got = await self.client.pull(version, held_hash, wait, self.idle(), self.worker.failed)
+            if got == FINISHED:
+                self._finish()
+                return
+            if got is None:
+                if wait <= 0.0:
+                    await asyncio.sleep(self.cfg.live.backoff_initial_s)
+                continue
+            assert isinstance(got, bytes)
+            applied = False
+            for payload in await self.link.inbound(got):
+                applied |= await loop.run_in_executor(None, self._receive, payload)
+            if applied:
+                self.retry.reset()
+                self._signal()
+            else:  # lost or refused: ask again, without hammering the learner
+                await asyncio.sleep(self.retry.next_delay())
+
+    def _receive(self, payload: bytes) -> bool:
+        """Decode one update envelope and hand it to the worker; log what it holds afterwards."""
+        failed_before = self.worker.failed
+        try:
+            update = decode_update(payload)
+        except EnvelopeError as err:
+            self.worker.refused(f"envelope: {err}")
+            self.events.emit("weights", ok=False, error=f"envelope: {err}"[:300], bytes=len(payload))
+            return False
+        ok = self.worker.receive(update)
+        if ok or self.worker.failed != failed_before:
+            version, held_hash = self.worker.held()
+            error = None if ok else self.worker.last_error
+            self.events.emit(
+                "weights", ok=ok, version=version, hash=held_hash, kind=update.kind, bytes=len(payload), error=error
+            )
+        return ok
+
+    # ---------------------------------------------------------------- generation
+    def _wants(self) -> int:
+        return self.worker.wants()  # loads the newest weights first (torch: runs in the generation thread)
+
+    def _generate(self, n: int) -> list[RolloutGroup]:
+        """n groups with the newest weights (thread); the worker loads newer ones mid-way when interruptible."""
+        began, wall = time.monotonic(), time.time()
+        groups = run_process(self.worker.generate(n))
+        self.busy_seconds += time.monotonic() - began
+        for g in groups:
+            g.group_id = f"{g.group_id}@{self.boot}"
+            g.created_at, g.finished_at = wall, time.time()
+        self.events.emit(
+            "generated", n=len(groups), version=self.worker.version, seconds=round(time.monotonic() - began, 3)
+        )
+        return groups
+
+    async def _wait_for_change(self) -> None:
+        if not self.finished.is_set():
+            await self.changed.wait()
+
+    async def _generate_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.finished.is_set():
+            n = await loop.run_in_executor(self.gen_pool, self._wants)
+            if n == 0:
+                await self._wait_for_change()  # new weights, or (sync mode) an answer that asks for more
+                continue
+            if self.admission:
+                wait = await self.client.admit(n, self.worker.version)
+                if wait == FINISHED_WAIT:
+                    self._finish()
+                    return
+                if wait is not None:
+                    await asyncio.wait([asyncio.create_task(self._wait_for_change())], timeout=wait)
+                    continue
+            groups = await loop.run_in_executor(self.gen_pool, self._generate, n)
+            answers = [await self._enqueue(g) for g in groups]
+            if self.worker.sync:
+                await asyncio.gather(*answers)  # the share is complete only once the learner has answered
+
+    async def _enqueue(self, group: RolloutGroup) -> asyncio.Future[str]:
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        await self.outbox.put((group, encode_group(group), future))
+        return future
+
+    # ---------------------------------------------------------------- rollouts
+    async def _push_loop(self) -> None:
+        while True:
+            group, payload, future = await self.outbox.get()
+            digest = body_digest(payload)  # of the bytes as generated: corruption on the way is detected
+            outcomes = [await self.client.push(p, digest) for p in await self.link.outbound(payload)]
+            outcome = next((o for o in ACKED if o in outcomes), outcomes[-1] if outcomes else "dropped")
+            self.counts[outcome] += 1
+            self.worker.delivered(group, outcome)
+            self.events.emit("pushed", group_id=group.group_id, outcome=outcome)
+            if not future.done():
+                future.set_result(outcome)
+            self._signal()
+            if outcome == FINISHED:
+                self._finish()
+                return
+
+
+async def _connect_and_run(cfg: RunConfig, url: str, token: str, worker: SamplerWorker) -> dict[str, Any]:
+    boot = secrets.token_hex(6)
+    events = EventLog(sampler=worker.name, boot=boot)
+    rng = random.Random(sampler_seed(cfg.seed, worker.index))
+    async with LearnerClient(url, token, cfg.live, worker.name, rng, events) as client:
+        status = await client.status()
+        events.emit("started", url=url, learner_version=status.get("version"), finished=status.get("finished"))
+        if status.get("finished"):
+            return {"sampler": worker.name, "boot": boot, "version": None, "outcomes": {}}
+        index = worker.index
+        link = LinkEmulator(cfg.cluster.samplers[index].link if cfg.live.emulate_links else None, cfg.seed, index)
+        return await LiveSampler(cfg, worker, client, link, events, boot).run()
+
+
+def run_sampler(cfg: RunConfig, connect: str, index: int = 0) -> dict[str, Any]:
+    """Run sampler node `index` of `cfg` against the learner at `connect` until the run is finished."""
+    check_live_config(cfg)
+    check_node_index(cfg, index)
+    token = configured_token(cfg.live)
+    if token is None:
+        raise LiveSetupError(f"no token: set ${cfg.live.token_env} (or live.token_file) to the learner's token")
+    configure_torch(cfg)
+    worker = SamplerWorker(cfg, index, build_sampler(cfg, index, base=None))
+    return asyncio.run(_connect_and_run(cfg, connect, token, worker))

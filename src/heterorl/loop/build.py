@@ -1,0 +1,112 @@
+"""The one place that builds a run's components from its config: torch's threads, the base model, the task, the
+learner, each sampler (policy, engine, dtype, chat template, LoRA wrapping, frictions, seeds) and its receiver.
+
+Every driver calls these — the simulated cluster, the live learner process, every live sampler process — so a
+setting cannot mean one thing under one clock and another under the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from heterorl.config import RunConfig
+from heterorl.engines.base import EngineError, RolloutEngine
+from heterorl.learner import Learner
+from heterorl.lora import apply_lora
+from heterorl.policy import Policy, SamplingParams, resolve_device
+from heterorl.pretrain import ensure_base_model
+from heterorl.sampler import Sampler
+from heterorl.tasks import Task, make_task
+
+
+def configure_torch(cfg: RunConfig) -> None:
+    """Apply `runtime.threads` to this process (results depend on the thread count) and seed torch."""
+    if cfg.runtime.threads is not None:
+        torch.set_num_threads(cfg.runtime.threads)
+    torch.manual_seed(cfg.seed)
+
+
+def sampler_seed(seed: int, index: int) -> int:
+    """Independent, reproducible stream per sampler (prompts and sampling)."""
+    return seed * 1_000_003 + 7919 * (index + 1)
+
+
+def node_name(cfg: RunConfig, index: int) -> str:
+    """The name of sampler node `index`."""
+    return cfg.cluster.samplers[index].name or f"sampler-{index}"
+
+
+def resolve_base_model(cfg: RunConfig, show_progress: bool = True) -> tuple[str, dict[str, Any]]:
+    """`model.path`, or the cached warm start built from the config (and how it was built)."""
+    if cfg.model.path is not None:
+        return cfg.model.path, {}
+    result = ensure_base_model(cfg, show_progress=show_progress)
+    return result.path, {"steps": result.steps, "val_accuracy": result.val_accuracy}
+
+
+def build_task(cfg: RunConfig) -> Task:
+    return make_task(cfg.task)
+
+
+def build_learner(cfg: RunConfig, base: str) -> Learner:
+    """The learner: fp32 master weights of the base model (with fresh LoRA adapters when configured)."""
+    device = resolve_device(cfg.model.device)
+    return Learner(Policy.load(base, device, chat_template=cfg.task.chat_template), cfg)
+
+
+def sampler_policy(cfg: RunConfig, base: str | None) -> Policy:
+    """A sampler's model in `model.dtype`: the base checkpoint, or (base None, model built in code) the
+    architecture alone — its weights arrive from the learner as a snapshot before it generates anything.
+
+    With LoRA adapters published alone the sampler must hold the learner's exact base weights, so it wraps the
+    base checkpoint with the same adapter config; the learner's adapter tensors then arrive under PEFT names.
+    """
+    device = resolve_device(cfg.model.device)
+    dtype = getattr(torch, cfg.model.dtype)
+    adapters = cfg.model.lora is not None and cfg.model.lora.publish == "adapter"
+    if base is None and (adapters or cfg.model.path is not None):
+        base = cfg.model.path or resolve_base_model(cfg, show_progress=False)[0]
+    if base is None:
+        built = Policy.from_config(cfg.model, seed=cfg.seed)
+        policy = Policy(built.model.to(dtype), built.tokenizer, device, cfg.task.chat_template)
+    else:
+        policy = Policy.load(base, device, dtype, chat_template=cfg.task.chat_template)
+    if adapters:
+        assert cfg.model.lora is not None
+        policy.model = apply_lora(policy.model, cfg.model.lora)
+    return policy
+
+
+def build_engine(cfg: RunConfig, policy: Policy, base: str | None, seed: int) -> RolloutEngine:
+    """The rollout engine `sampler.engine` names, generating from `seed`."""
+    name = cfg.sampler.engine.name
+    if name == "transformers":
+        from heterorl.engines.transformers_engine import TransformersEngine
+
+        return TransformersEngine(policy, seed)
+    if name == "vllm":
+        try:
+            from heterorl.engines.vllm_engine import VLLMEngine
+        except ImportError as err:
+            raise EngineError(f"sampler.engine vllm is not available here ({err}); see docs/howto-math.md") from None
+        return VLLMEngine.from_config(cfg, base or cfg.model.path, seed)
+    raise EngineError(f"unknown sampler.engine {name!r}")
+
+
+def build_sampler(cfg: RunConfig, index: int, base: str | None, task: Task | None = None) -> Sampler:
+    """Sampler `index` of the cluster config, with its own seeded prompt, sampling and friction streams."""
+    seed = sampler_seed(cfg.seed, index)
+    policy = sampler_policy(cfg, base)
+    engine = build_engine(cfg, policy, base, seed)
+    return Sampler(
+        node_name(cfg, index),
+        engine,
+        policy.text,
+        task or build_task(cfg),
+        SamplingParams.from_config(cfg.sampler),
+        cfg.sampler.group_size,
+        seed=seed,
+        frictions=cfg.sampler.frictions,
+    )

@@ -1,0 +1,244 @@
+"""The learner's intake of rollout groups from the network: decode, validate, deduplicate, journal, queue.
+
+Every POSTed body ends in exactly one outcome, counted by name: accepted (200), duplicate (200, not queued
+again: a sampler retrying a POST whose answer it lost must not make the learner train twice on one group),
+busy (503, the queue is full: the sampler retries later), finished (410), or a rejection with its reason:
+
+| reason | status | meaning |
+| --- | --- | --- |
+| unauthorized | 401 | missing or wrong bearer token (counted by the service, before any body is read) |
+| too_large | 413 | body over `live.max_body_bytes` |
+| corrupt | 400 | the body's xxh3-128 differs from the `X-Heterorl-Digest` header the sampler sent |
+| malformed | 400 | not a rollout message: framing, header JSON, array sizes |
+| too_long | 422 | completion over `sampler.max_new_tokens`, or prompt + completion over the model's context |
+| out_of_vocab | 422 | a token id outside the learner's vocabulary |
+| bad_logprobs | 422 | a behaviour log-prob that is not finite or is > 0 |
+| future_version | 422 | a token version newer than the newest published one (or negative) |
+| group_size | 422 | not `sampler.group_size` completions |
+| prompt_mismatch | 422 | prompt ids other than the learner's tokenization of the prompt (tokenizer, chat template) |
+| bad_rewards | 422 | a non-finite reward |
+| invalid | 422 | any other content check (empty prompt, over-long group id) |
+
+The digest header is optional (a hand-made request may omit it); samplers always send it.
+A group is acknowledged only after it is in the journal (durable) and in the buffer (in memory), both under
+one lock shared with the training thread, so an acknowledged group is never lost and never trained twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import xxhash
+
+from heterorl.loop.journal import Journal
+from heterorl.loop.staleness import RolloutBuffer
+from heterorl.rollout import RolloutGroup
+from heterorl.rollout_codec import GroupLimits, RolloutError, decode_group
+
+REJECTION_STATUS = {
+    "unauthorized": 401,
+    "too_large": 413,
+    "corrupt": 400,
+    "malformed": 400,
+    "too_long": 422,
+    "out_of_vocab": 422,
+    "bad_logprobs": 422,
+    "future_version": 422,
+    "group_size": 422,
+    "prompt_mismatch": 422,
+    "bad_rewards": 422,
+    "invalid": 422,
+}
+MAX_GROUP_ID_CHARS = 200
+ACKED = ("accepted", "duplicate")  # outcomes after which the group is the learner's
+RETRIED = ("busy", "finished")  # outcomes after which the group may still arrive (or the run is over)
+
+
+def body_digest(body: bytes) -> str:
+    """The `X-Heterorl-Digest` value of a body: its xxh3-128, hex. Catches corruption in transit; the rollout
+    format itself carries no checksum, and a flipped byte can leave a group that still validates."""
+    return xxhash.xxh3_128_hexdigest(body)
+
+
+def rejection_reason(err: RolloutError) -> str:
+    """The counted reason of a decode/validation error (set where it is raised)."""
+    return err.reason
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of one POSTed group: HTTP status, outcome name, and what to tell the sampler."""
+
+    status: int
+    outcome: str  # accepted | duplicate | busy | finished | a rejection reason
+    group_id: str | None = None
+    detail: str = ""
+
+
+@dataclass
+class IntakeCounters:
+    accepted: int = 0
+    duplicates: int = 0
+    busy: int = 0
+    tokens: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    info: Counter[str] = field(default_factory=Counter)  # the accepted groups' `info` counts, summed
+
+    def to_json(self) -> dict:
+        return {
+            **{k: getattr(self, k) for k in ("accepted", "duplicates", "busy", "tokens")},
+            "rejected": self.rejected,
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> IntakeCounters:
+        return cls(**{**data, "rejected": Counter(data["rejected"]), "info": Counter(data.get("info", {}))})
+
+
+class Intake:
+    """The learner's buffer, journal and group bookkeeping, shared by the HTTP handlers and the training thread."""
+
+    def __init__(
+        self,
+        buffer: RolloutBuffer,
+        journal: Journal | None,
+        base_limits: GroupLimits,
+        max_queued: int,
+        prompt_ids: Callable[[str], list[int]] | None = None,
+    ) -> None:
+        self.buffer, self.journal, self.max_queued = buffer, journal, max_queued
+        self.prompt_ids = prompt_ids  # the learner's own tokenization of a prompt text
+        self.base_limits = base_limits  # everything but the current version
+        self.cond = threading.Condition()  # guards everything below; the training thread waits on it
+        self.counters = IntakeCounters()
+        self.consumed: set[str] = set()  # trained or dropped by the staleness window
+        self.payloads: dict[str, bytes] = {}  # queued group id -> its message (checkpointed as is)
+        self.finished = False
+        self.closed = False
+
+    def limits(self, current_version: int) -> GroupLimits:
+        b = self.base_limits
+        return GroupLimits(
+            b.vocab_size,
+            current_version,
+            b.group_size,
+            b.max_prompt_tokens,
+            b.max_completion_tokens,
+            b.max_total_tokens,
+        )
+
+    # ---------------------------------------------------------------- network side
+    def reject(self, reason: str, detail: str = "") -> Verdict:
+        """Count a rejection and build its verdict (the service calls this for 401 and 413 itself)."""
+        with self.cond:
+            self.counters.rejected[reason] += 1
+        return Verdict(REJECTION_STATUS[reason], reason, detail=detail)
+
+    def accept(self, body: bytes, current_version: int, digest: str | None = None) -> Verdict:
+        """Check `digest` (when sent), decode and validate one message; journal and queue it unless it is a
+        duplicate (or the queue is full)."""
+        if digest is not None and digest != body_digest(body):
+            return self.reject("corrupt", "body does not match its digest")
+        try:
+            group = decode_group(body, self.limits(current_version))
+        except RolloutError as err:
+            return self.reject(rejection_reason(err), str(err))
+        if len(group.group_id) > MAX_GROUP_ID_CHARS:
+            return self.reject("invalid", f"group id longer than {MAX_GROUP_ID_CHARS} characters")
+        if self.prompt_ids is not None and self.prompt_ids(group.prompt) != group.prompt_ids_P.tolist():
+            return self.reject("prompt_mismatch", "prompt ids differ from the learner's tokenization of the prompt")
+        gid = group.group_id
+        with self.cond:
+            if self.finished:
+                return Verdict(410, "finished", gid, "the run is finished")
+            if gid in self.consumed or gid in self.payloads:
+                self.counters.duplicates += 1
+                return Verdict(200, "duplicate", gid)
+            if len(self.buffer) >= self.max_queued:
+                self.counters.busy += 1
+                return Verdict(503, "busy", gid, f"{len(self.buffer)} groups queued")
+            if self.journal is not None:
+                self.journal.append(body)  # durable before it is acknowledged
+            self.buffer.add(group)
+            self.payloads[gid] = body
+            self.counters.accepted += 1
+            self.counters.tokens += group.num_tokens
+            self.counters.info.update(group.info)
+            self.cond.notify_all()
+        return Verdict(200, "accepted", gid)
+
+    # ---------------------------------------------------------------- learner side
+    def take(self, n: int, learner_version: int, timeout: float) -> tuple[list[RolloutGroup], dict[str, float]] | None:
+        """The next batch (RolloutBuffer.take), waiting up to `timeout` s for enough groups; None if too few."""
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.buffer) >= n or self.closed, timeout)
+            before = set(self.payloads)
+            taken = self.buffer.take(n, learner_version)
+            left = {g.group_id for g in self.buffer.groups}
+            for gid in before - left:  # trained now, or dropped by the staleness window
+                self.consumed.add(gid)
+                del self.payloads[gid]
+        return taken
+
+    def close(self) -> None:
+        """Wake the training thread (shutdown)."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def checkpoint_view(self) -> tuple[list[bytes], list[str], int]:
+        """(queued messages oldest first, consumed ids, first journal segment after them), atomically.
+
+        Rotating the journal under the lock splits accepted groups exactly: those in the queue or consumed now
+        belong to the checkpoint, later ones to the segments from the returned index on.
+        """
+        assert self.journal is not None, "a checkpoint of the queue needs the journal"
+        with self.cond:
+            queue = [self.payloads[g.group_id] for g in self.buffer.groups]
+            return queue, sorted(self.consumed), self.journal.rotate()
+
+    def restore(self, consumed: list[str], checkpointed: list[bytes], journaled: list[bytes]) -> int:
+        """Rebuild the queue after a restart: the checkpoint's queue, then the journal; returns groups queued.
+
+        Journaled groups were accepted after the checkpoint, so they are counted as accepted again (the
+        counters come from the checkpoint). Versions are not re-checked: a group accepted before a crash may be
+        newer than the version the learner resumes at; it was valid when acknowledged and is trained, not lost.
+        """
+        limits = self.limits(2**31 - 1)
+        with self.cond:
+            self.consumed = set(consumed)
+            for body, fresh in [(b, False) for b in checkpointed] + [(b, True) for b in journaled]:
+                group = decode_group(body, limits)
+                if group.group_id in self.consumed or group.group_id in self.payloads:
+                    continue
+                self.buffer.add(group)
+                self.payloads[group.group_id] = body
+                if fresh:
+                    self.counters.accepted += 1
+                    self.counters.tokens += group.num_tokens
+                    self.counters.info.update(group.info)
+            return len(self.buffer)
+
+    # ---------------------------------------------------------------- reporting
+    def counters_json(self) -> dict:
+        """The counters as JSON (a consistent copy)."""
+        with self.cond:
+            data = self.counters.to_json()
+            return {**data, "rejected": dict(data["rejected"]), "info": dict(data["info"])}
+
+    def metrics(self) -> dict[str, float]:
+        """`net/*` counters for a metrics record (every rejection reason present, 0 when none)."""
+        with self.cond:
+            c = self.counters
+            out = {
+                "net/accepted_total": float(c.accepted),
+                "net/duplicates_total": float(c.duplicates),
+                "net/busy_total": float(c.busy),
+                "net/queue": float(len(self.buffer)),
+            }
+            out.update({f"net/rejected_{r}": float(c.rejected[r]) for r in REJECTION_STATUS})
+        return out

@@ -1,0 +1,282 @@
+"""The learner's side of the loop, written once and driven by either clock.
+
+A learner step, as named calls a driver makes in this order:
+
+    taken  = loop.take()          eligible groups: the staleness window drops the old ones, B oldest remain
+    result = loop.train(taken)    advantages -> objective -> optimizer step(s) -> version + 1   (Learner)
+    record = loop.commit(result)  publish the new version -> record the step -> evaluate / checkpoint
+
+The simulated driver lets virtual time pass between `train` and `commit` (the step's modelled cost); the live
+driver calls them back to back on the wall clock. Groups come in through `offer` (decode, validate, de-duplicate,
+journal, queue: `Intake`), generation budgets through `admit` (AReaL's rule), whatever the transport.
+Publishing runs in a worker thread (`BackgroundPublisher`), so it overlaps the next step; a record describes the
+newest *complete* publication (the previous version's), which keeps records identical under every clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from heterorl.config import RunConfig
+from heterorl.frictions import KINDS as FRICTION_KINDS
+from heterorl.frictions import frictions_active
+from heterorl.learner import Learner
+from heterorl.loop.intake import ACKED, RETRIED, Intake, IntakeCounters, Verdict
+from heterorl.loop.journal import Journal
+from heterorl.loop.peers import Peers
+from heterorl.loop.publisher import BackgroundPublisher, WeightTraffic
+from heterorl.loop.recorder import RunRecorder
+from heterorl.loop.staleness import Admission, RolloutBuffer, staleness_window
+from heterorl.loop.state import SavedState, save_learner_state
+from heterorl.rollout import RolloutGroup
+from heterorl.rollout_codec import GroupLimits
+from heterorl.weights import Published
+
+
+@dataclass
+class Taken:
+    """A batch of groups the learner will train on, and its staleness statistics."""
+
+    groups: list[RolloutGroup]
+    stale_stats: dict[str, float]
+
+
+@dataclass
+class StepResult:
+    """What one learner step computed (before its version is published)."""
+
+    stats: dict[str, float]
+    tokens: int
+
+
+class LearnerLoop:
+    """The learner, its intake, staleness control, publisher and recorder; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        learner: Learner,
+        recorder: RunRecorder,
+        clock: Callable[[], float],
+        journal: Journal | None = None,
+    ) -> None:
+        self.cfg, self.learner, self.recorder, self.clock = cfg, learner, recorder, clock
+        self.B = cfg.learner.groups_per_step
+        self.publisher = BackgroundPublisher(cfg.weights)
+        self.store = self.publisher.store
+        self.traffic = WeightTraffic()
+        self.peers = Peers()
+        model_cfg = learner.policy.model.config
+        context = int(getattr(model_cfg, "max_position_embeddings", cfg.model.max_positions))
+        limits = GroupLimits(
+            vocab_size=int(model_cfg.vocab_size),
+            current_version=0,
+            group_size=cfg.sampler.group_size,
+            max_prompt_tokens=context - 1,
+            max_completion_tokens=cfg.sampler.max_new_tokens,
+            max_total_tokens=context,
+        )
+        eta = cfg.cluster.eta if cfg.cluster.mode == "async" else None
+        window = staleness_window(cfg.cluster.max_staleness, eta)
+        text = learner.policy.text
+        self.intake = Intake(RolloutBuffer(window), journal, limits, cfg.live.max_queued_groups, text.prompt_ids)
+        self.admission = Admission(eta, self.B)
+        self.published_version = -1  # the newest version handed to the publisher
+        self.busy_seconds = 0.0  # clock seconds spent training
+        self.clock_before = 0.0  # clock seconds of earlier lives of this run (resume)
+        self.resumes = 0
+        self.extra: dict[str, Any] = {}  # the driver's figures for summary.json
+        self.needs_initial_eval = True
+
+    # ---------------------------------------------------------------- control
+    @property
+    def done(self) -> bool:
+        """Every step is committed (a step being trained is not done yet)."""
+        return self.published_version >= self.cfg.learner.steps
+
+    def now(self) -> float:
+        """Clock seconds since the run started (across resumes)."""
+        return self.clock_before + self.clock()
+
+    def start(self) -> None:
+        """The initial evaluation (a fresh run) and the publication of the current version."""
+        if self.needs_initial_eval:
+            self.recorder.evaluate(step=0, clock_time=self.now())
+            self.needs_initial_eval = False
+        self.publish()
+
+    def publish(self) -> None:
+        """Hand the learner's current version to the publisher (it waits for the previous one first)."""
+        self.publisher.submit(self.learner.version, self.learner.export_weights())
+        self.published_version = self.learner.version
+
+    def offer(self, body: bytes, digest: str | None = None) -> Verdict:
+        """One encoded group from a sampler: accepted, duplicate, busy, finished, or rejected with its reason.
+        A rejected group will never arrive, so its admission budget is given back."""
+        verdict = self.intake.accept(body, self.published_version, digest)
+        if verdict.outcome not in ACKED + RETRIED:
+            with self.intake.cond:
+                self.admission.release(1)
+        return verdict
+
+    def admit(self, n: int, version: int) -> bool:
+        """May a sampler holding `version` start generating n groups now? (AReaL's rule; always in sync mode)"""
+        with self.intake.cond:
+            return self.admission.try_start(n, version, self.intake.buffer.dropped)
+
+    def release(self, n: int) -> None:
+        """n admitted groups will not arrive (a sampler lost them or went away)."""
+        with self.intake.cond:
+            self.admission.release(n)
+
+    # ---------------------------------------------------------------- the step
+    def take(self, timeout: float = 0.0) -> Taken | None:
+        """The next batch: B eligible groups, oldest first, after the window dropped stale ones; None if too few
+        (waiting up to `timeout` seconds for them)."""
+        taken = self.intake.take(self.B, self.learner.version, timeout)
+        return None if taken is None else Taken(*taken)
+
+    def train(self, taken: Taken) -> StepResult:
+        """advantages -> objective -> optimizer step(s) -> version + 1 (`Learner.train_step`)."""
+        stats = {**self.learner.train_step(taken.groups), **taken.stale_stats}
+        return StepResult(stats, sum(g.num_tokens for g in taken.groups))
+
+    def commit(self, result: StepResult, busy_seconds: float) -> dict[str, Any]:
+        """Publish the new version, record the step, evaluate every `eval.every` steps; returns the record."""
+        self.busy_seconds += busy_seconds
+        previous = self.publisher.result()  # the version before this step's, complete
+        assert previous is not None, "start() publishes the first version"
+        self.publish()
+        record = self._record(result.stats, previous)
+        self.recorder.on_step(record)
+        return record
+
+    def finish(self) -> dict[str, Any]:
+        """Close the intake, save the final checkpoint, write summary.json; returns the summary."""
+        with self.intake.cond:
+            self.intake.finished = True
+            self.intake.cond.notify_all()
+        self.publisher.close()
+        return self.recorder.finish({**self.extra, **self.summary()})
+
+    # ---------------------------------------------------------------- metrics
+    def _record(self, stats: dict[str, float], published: Published) -> dict[str, Any]:
+        now = max(self.now(), 1e-9)
+        sent, full = self.traffic.take_before(self.learner.version)
+        changed = 1.0 if published.changed is None else published.changed / max(published.numel, 1)
+        record: dict[str, Any] = {
+            "kind": "train",
+            "step": self.learner.version,
+            "version": self.learner.version,
+            "time/clock": now,
+            "time/wall": self.recorder.wall(),
+            "time/wall_publish": published.seconds,
+            "perf/learner_idle": 1.0 - self.busy_seconds / now,
+            "perf/tokens_per_sec": self.intake.counters.tokens / now,
+            "sync/version": float(published.version),
+            "sync/bytes": float(sent),
+            "sync/full_bytes": float(full),
+            "sync/changed_share": changed,
+            **stats,
+            **self.intake.metrics(),
+            "net/connected": float(len(self.peers.connected(self.cfg.live.connected_seconds))),
+        }
+        failed = 0
+        for name, peer in sorted(self.peers.snapshot().items()):
+            if peer.version is not None:
+                record[f"sampler/{name}/version"] = float(peer.version)
+            if peer.idle is not None:
+                record[f"sampler/{name}/idle"] = peer.idle
+            failed += peer.failed
+        record["net/weights_failed_total"] = float(failed)
+        if frictions_active(self.cfg.sampler.frictions):
+            info = self.intake.counters.info
+            record.update({f"frictions/{kind}_total": float(info[kind]) for kind in FRICTION_KINDS})
+        return record
+
+    def full_update_nbytes(self) -> int:
+        """Bytes of the newest published state in the wire dtype (what a full update would cost)."""
+        published = self.publisher.last_complete
+        return 0 if published is None else published.numel * self.learner.wire_dtype.itemsize
+
+    def summary(self) -> dict[str, Any]:
+        """The loop's figures for summary.json (seconds are the driving clock's)."""
+        now = max(self.now(), 1e-9)
+        peers = self.peers.snapshot()
+        return {
+            "clock_seconds": now,
+            **self.intake.buffer.summary(),
+            "learner_idle": 1.0 - self.busy_seconds / now,
+            "sampler_idle": {n: p.idle for n, p in sorted(peers.items()) if p.idle is not None},
+            "tokens_per_clock_second": self.intake.counters.tokens / now,
+            "weight_bytes_sent": self.traffic.total_bytes,
+            "weight_bytes_full": self.traffic.total_full_bytes,
+            "net": {**self.intake.counters_json(), "weights_failed": sum(p.failed for p in peers.values())},
+            "resumes": self.resumes,
+        }
+
+    # ---------------------------------------------------------------- durability (resume)
+    def save_state(self, root: Path) -> Path:
+        """Write the learner state atomically under `root`, then drop the journal segments it covers."""
+        queue, consumed, segment = self.intake.checkpoint_view()
+        buffer = self.intake.buffer
+        extra = {
+            "consumed_ids": consumed,
+            "journal_segment": segment,
+            "metrics_bytes": self.recorder.metrics.path.stat().st_size,
+            "rewards": self.recorder.rewards,
+            "accuracies": self.recorder.accuracies,
+            "clock": self.now(),
+            "wall": self.recorder.wall(),
+            "busy_seconds": self.busy_seconds,
+            "dropped": buffer.dropped,
+            "staleness_hist": {str(k): v for k, v in buffer.staleness_hist.items()},
+            "counters": self.intake.counters_json(),
+            "traffic": [self.traffic.total_bytes, self.traffic.total_full_bytes],
+            "admission": [self.admission.started, self.admission.released],
+            "resumes": self.resumes,
+        }
+        path = save_learner_state(self.learner, root, queue=queue, extra=extra)
+        assert self.intake.journal is not None
+        self.intake.journal.prune(segment)
+        return path
+
+    def restore_state(self, saved: SavedState) -> int:
+        """Continue from a saved state (the learner itself is already restored): queue, journal, counters,
+        clocks, recorder history. Returns the number of groups queued again."""
+        x = saved.extra
+        journal = self.intake.journal
+        assert journal is not None, "resuming needs the journal"
+        journaled = list(journal.replay(x["journal_segment"]))
+        self.intake.counters = IntakeCounters.from_json(x["counters"])
+        queued = self.intake.restore(x["consumed_ids"], saved.queue, journaled)
+        journal.prune(x["journal_segment"])
+        buffer = self.intake.buffer
+        buffer.dropped = int(x["dropped"])
+        buffer.staleness_hist = Counter({int(k): int(v) for k, v in x["staleness_hist"].items()})
+        self.recorder.rewards = list(x["rewards"])
+        self.recorder.accuracies = list(x["accuracies"])
+        self.recorder.start = time.monotonic() - float(x["wall"])
+        self.clock_before = float(x["clock"])
+        self.busy_seconds = float(x["busy_seconds"])
+        self.traffic.total_bytes, self.traffic.total_full_bytes = (int(v) for v in x["traffic"])
+        self.admission.started, self.admission.released = (int(v) for v in x["admission"])
+        self.resumes = int(x["resumes"]) + 1
+        self.needs_initial_eval = False
+        return queued
+
+
+def published_stats(published: Published) -> dict[str, Any]:
+    """An event-log view of one publication."""
+    return {
+        "version": published.version,
+        "hash": published.state_hash,
+        "patch_bytes": published.patch_nbytes,
+        "snapshot_bytes": published.snapshot_nbytes,
+        "seconds": round(published.seconds, 4),
+    }

@@ -1,0 +1,136 @@
+"""A sampler's side of the loop, written once and driven by either clock.
+
+    receive(update)        a weight update from the transport, applied to the receiver (hash-checked, all or nothing)
+    n = wants()            load the newest weights received; how many groups to start now (0: wait)
+    process = generate(n)  sample -> score: a suspendable process yielding tokens sampled so far; with
+                           `sampler.interruptible` it loads newer weights between two decoding steps
+    delivered(group, outcome)   the learner's answer for each group sent
+
+Async mode: a chunk of ceil(B / n_samplers) groups at a time, with whatever weights are newest. Sync mode: its
+even share of the batch once per new version, generating again any group the learner did not acknowledge
+(refused, lost on the way), so the learner always gets a full batch.
+
+The simulated driver paces `generate` in virtual time (tokens / speed); the live driver runs it in a thread
+while another receives weights, so the receiver and the engine's weights are guarded by one lock.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Generator
+
+from heterorl.config import RunConfig
+from heterorl.engines.base import EngineError
+from heterorl.loop.intake import ACKED
+from heterorl.rollout import RolloutGroup
+from heterorl.sampler import Sampler
+from heterorl.weights import Update, WeightReceiver
+
+
+class SamplerWorker:
+    """One sampler: its receiver, its engine's weights, what to generate next; see the module docstring."""
+
+    def __init__(self, cfg: RunConfig, index: int, sampler: Sampler) -> None:
+        if cfg.sampler.interruptible and not sampler.engine.interruptible:
+            raise EngineError(
+                f"sampler.interruptible needs an engine that takes weights mid-generation; "
+                f"{sampler.engine.name!r} does not (set sampler.interruptible: false)"
+            )
+        self.index, self.sampler, self.name = index, sampler, sampler.sampler_id
+        self.receiver = WeightReceiver()
+        self.lock = threading.Lock()  # the receiver's weights and the engine's weights
+        n, B = len(cfg.cluster.samplers), cfg.learner.groups_per_step
+        self.chunk = math.ceil(B / n)
+        self.share = B // n + (1 if index < B % n else 0)  # sync mode: its even share of a batch
+        self.sync = cfg.cluster.mode == "sync"
+        self.interruptible = cfg.sampler.interruptible
+        self.applied = self.failed = self.ignored = 0  # weight updates
+        self.last_error: str | None = None
+        self.tokens = 0
+        self._loaded: tuple[int, str] | None = None
+        self._share_version = -1  # sync mode: the version whose share is being generated,
+        self._share_left = 0  # how many of its groups still need an acknowledgement,
+        self._in_flight = 0  # and how many are generated or on their way
+
+    # ---------------------------------------------------------------- weights
+    def held(self) -> tuple[int | None, str | None]:
+        """(version, hash) the next update must start from; (None, None) asks for a snapshot."""
+        with self.lock:
+            return self.receiver.held()
+
+    def receive(self, update: Update) -> bool:
+        """Apply one update; True when the receiver now holds a newer verified version. A duplicate of what it
+        holds is ignored; a refused update (corrupt, wrong base) is counted and leaves the weights as they were,
+        and the next update asked for is a snapshot."""
+        with self.lock:
+            if (update.version, update.state_hash) == self.receiver.held():
+                self.ignored += 1
+                return False
+            ok = self.receiver.apply(update)
+            self.last_error = self.receiver.last_error
+        if ok:
+            self.applied += 1
+        else:
+            self.failed += 1
+        return ok
+
+    def refused(self, error: str) -> None:
+        """An update that could not even be decoded (counted like a refused one)."""
+        with self.lock:
+            self.receiver.needs_snapshot = True
+            self.last_error = error
+        self.failed += 1
+
+    def refresh(self) -> bool:
+        """Load the newest received weights into the engine if it generates with older ones."""
+        with self.lock:
+            version, state_hash = self.receiver.version, self.receiver.state_hash
+            if version is None or state_hash is None or (version, state_hash) == self._loaded:
+                return False
+            assert self.receiver.weights is not None
+            self.sampler.load_weights(version, self.receiver.weights)
+            self._loaded = (version, state_hash)
+        return True
+
+    # ---------------------------------------------------------------- generation
+    @property
+    def version(self) -> int:
+        """The version the engine generates with (-1: none yet)."""
+        return self.sampler.version
+
+    def wants(self) -> int:
+        """Load the newest weights; the number of groups to start now (0: wait for weights or a new version)."""
+        self.refresh()
+        version = self.sampler.version
+        if version < 0:
+            return 0
+        if not self.sync:
+            return self.chunk
+        if version != self._share_version:
+            self._share_version, self._share_left, self._in_flight = version, self.share, 0
+        return max(0, self._share_left - self._in_flight)
+
+    def generate(self, n: int) -> Generator[int, None, list[RolloutGroup]]:
+        """Sample and score n groups, yielding tokens sampled so far after every decoding step."""
+        if self.sync:
+            self._in_flight += n
+        process = self.sampler.iter_groups(n)
+        while True:
+            try:
+                tokens = next(process)
+            except StopIteration as end:
+                groups: list[RolloutGroup] = end.value
+                break
+            yield tokens
+            if self.interruptible:
+                self.refresh()
+        self.tokens += sum(g.num_tokens for g in groups)
+        return groups
+
+    def delivered(self, group: RolloutGroup, outcome: str) -> None:
+        """The learner's answer for a group this sampler sent (sync mode counts its share with it)."""
+        if self.sync and group.min_version == self._share_version:
+            self._in_flight -= 1
+            if outcome in ACKED:
+                self._share_left -= 1

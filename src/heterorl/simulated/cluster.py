@@ -1,0 +1,220 @@
+"""The simulated cluster: the learner loop and the sampler workers scheduled on a virtual clock.
+
+Generation, training and weight encoding run for real (`heterorl.loop`); only time is modelled:
+- a sampler generating n tokens is busy n / tokens_per_second virtual seconds;
+- a learner step costs `learner_step_seconds + learner_seconds_per_token * tokens`;
+- a message takes `delay + bytes / bandwidth` on its link's FIFO path (`heterorl.transport.simulated`), with
+  the link's faults applied to its bytes.
+
+Weights are pushed: a published version goes to every sampler at once, as the store's smallest update from what
+the sampler was last sent (a patch chain over a FIFO path, snapshots as the store decides). An update the
+sampler refuses (corrupt, wrong base) makes it ask again from what it holds (a snapshot); a lost one is asked for
+again `link.retry_seconds` later. Rollout groups travel as their wire bytes and enter the learner through the
+same intake as in a live cluster (validation, de-duplication, counters).
+
+Same config + seed => identical metrics apart from wall-clock fields: every stream is seeded and events at equal
+times run first-in first-out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+
+from heterorl.config import RunConfig
+from heterorl.loop.intake import ACKED, body_digest
+from heterorl.loop.learner_loop import LearnerLoop, StepResult
+from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.network import Link
+from heterorl.policy import run_process
+from heterorl.rollout import RolloutGroup
+from heterorl.rollout_codec import encode_group
+from heterorl.simulated.events import EventLoop
+from heterorl.transport.simulated import SimPath
+from heterorl.weights import Update
+from heterorl.weights.envelope import EnvelopeError, decode_update, encode_update, envelope_nbytes
+
+
+@dataclass
+class SimNode:
+    """A sampler machine: its worker, speed and link, and what the simulation knows of it."""
+
+    worker: SamplerWorker
+    tokens_per_second: float
+    weights: SimPath
+    rollout: SimPath
+    retry_seconds: float
+    sent: tuple[int | None, str | None] = (None, None)  # what it will hold once in-flight updates land
+    generating: bool = False
+    started_at: float = 0.0
+    busy_seconds: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.worker.name
+
+
+class SimulatedCluster:
+    """Runs the learner loop to `learner.steps` with the samplers on a virtual clock."""
+
+    def __init__(self, cfg: RunConfig, loop: LearnerLoop, workers: list[SamplerWorker], events: EventLoop) -> None:
+        cc = cfg.cluster
+        if len(workers) != len(cc.samplers):
+            raise ValueError(f"{len(workers)} samplers for {len(cc.samplers)} configured nodes")
+        self.cfg, self.cc, self.loop, self.events = cfg, cc, loop, events
+        self.nodes = []
+        for i, (worker, node_cfg) in enumerate(zip(workers, cc.samplers, strict=True)):
+            link = Link(node_cfg.link, seed=cfg.seed, index=i)
+            weights, rollout = SimPath(link, "weights"), SimPath(link, "rollout")
+            self.nodes.append(
+                SimNode(worker, node_cfg.tokens_per_second, weights, rollout, node_cfg.link.retry_seconds)
+            )
+        self.learner_busy = False
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> None:
+        self.loop.start()
+        self.events.schedule_in(0.0, self._send_newest, label=f"send v{self.loop.published_version}")
+        self.events.run_until(lambda: self.loop.done)
+        if not self.loop.done:
+            raise RuntimeError("the simulation stalled: no event left before the last learner step")
+
+    def summary(self) -> dict:
+        """The nodes' own figures (their faults and weight updates) for summary.json."""
+        return {
+            "samplers": {
+                n.name: {
+                    "tokens": n.worker.tokens,
+                    "updates_applied": n.worker.applied,
+                    "updates_failed": n.worker.failed,
+                    "updates_ignored": n.worker.ignored,
+                    "faults_weights": dict(n.weights.faults),
+                    "faults_rollout": dict(n.rollout.faults),
+                }
+                for n in self.nodes
+            }
+        }
+
+    # ------------------------------------------------------------------ weights path
+    def _send_newest(self) -> None:
+        """Push the newest version to every sampler: the smallest update from what it was sent before."""
+        self.loop.publisher.result()
+        for node in self.nodes:
+            self._send_update(node)
+
+    def _send_update(self, node: SimNode) -> None:
+        update = self.loop.store.update_for(*node.sent)
+        if update.kind == "noop":
+            return
+        node.sent = (update.version, update.state_hash)
+        nbytes = envelope_nbytes(update)  # what it costs on the wire, framed as a live transport sends it
+        self.loop.traffic.sent(update.version, nbytes, self.loop.full_update_nbytes())
+        label = f"weights v{update.version} -> {node.name}"
+        if not node.weights.lossy:  # nothing can alter it on the way: no need to frame it
+            at = node.weights.arrival(self.events.now, nbytes)
+            self.events.schedule(at, self._weights_arrive, node, update, label=label)
+            return
+        deliveries = node.weights.send(self.events.now, encode_update(update))
+        for d in deliveries:
+            self.events.schedule(d.at, self._weights_arrive, node, d.payload, label=label)
+        if not deliveries:  # lost: the sampler asks again after its retry delay
+            self.events.schedule_in(node.retry_seconds, self._resend, node, label=f"retry -> {node.name}")
+
+    def _resend(self, node: SimNode) -> None:
+        node.sent = node.worker.held()
+        self._send_update(node)
+
+    def _weights_arrive(self, node: SimNode, message: Update | bytes) -> None:
+        failed_before = node.worker.failed
+        if isinstance(message, bytes):
+            try:
+                node.worker.receive(decode_update(message))
+            except EnvelopeError as err:
+                node.worker.refused(f"envelope: {err}")
+        else:
+            node.worker.receive(message)
+        if node.worker.failed != failed_before:  # refused: ask again from what it really holds
+            self._resend(node)
+        self._maybe_generate(node)
+
+    # ------------------------------------------------------------------ generation
+    def _maybe_generate(self, node: SimNode) -> None:
+        if node.generating or self.loop.done:
+            return
+        n = node.worker.wants()
+        if n == 0 or not self.loop.admit(n, node.worker.version):
+            return
+        node.generating, node.started_at = True, self.events.now
+        process = node.worker.generate(n)
+        if node.worker.interruptible:
+            self._advance(node, process)
+        else:
+            self._schedule_finish(node, run_process(process))
+
+    def _advance(self, node: SimNode, process: Generator[int, None, list[RolloutGroup]]) -> None:
+        """Run one decoding step; resume when its tokens would be done in virtual time."""
+        try:
+            tokens_done = next(process)
+        except StopIteration as end:
+            self._schedule_finish(node, end.value)
+            return
+        at = max(node.started_at + tokens_done / node.tokens_per_second, self.events.now)
+        self.events.schedule(at, self._advance, node, process, label=f"{node.name} decode")
+
+    def _schedule_finish(self, node: SimNode, groups: list[RolloutGroup]) -> None:
+        tokens = sum(g.num_tokens for g in groups)
+        at = max(node.started_at + tokens / node.tokens_per_second, self.events.now)
+        self.events.schedule(at, self._finish, node, groups, label=f"{node.name} done")
+
+    def _finish(self, node: SimNode, groups: list[RolloutGroup]) -> None:
+        node.generating = False
+        node.busy_seconds += self.events.now - node.started_at
+        for g in groups:
+            g.created_at, g.finished_at = node.started_at, self.events.now
+            payload = encode_group(g)
+            digest = body_digest(payload) if node.rollout.lossy else None
+            deliveries = node.rollout.send(self.events.now, payload)
+            for d in deliveries:
+                self.events.schedule(d.at, self._group_arrives, node, g, d.payload, digest, label=f"group {g.group_id}")
+            if not deliveries:
+                node.worker.delivered(g, "dropped")
+                self.loop.release(1)
+        self._maybe_generate(node)
+
+    # ------------------------------------------------------------------ learner
+    def _group_arrives(self, node: SimNode, group: RolloutGroup, payload: bytes, digest: str | None) -> None:
+        verdict = self.loop.offer(payload, digest)
+        node.worker.delivered(group, verdict.outcome)
+        if verdict.outcome not in ACKED:
+            self._maybe_generate(node)  # sync mode generates the missing group again
+        self._maybe_train()
+
+    def _maybe_train(self) -> None:
+        if self.learner_busy or self.loop.done:
+            return
+        buffer = self.loop.intake.buffer
+        dropped_before = buffer.dropped
+        taken = self.loop.take()
+        if buffer.dropped != dropped_before:
+            self._wake_samplers()  # dropped groups free admission budget
+        if taken is None:
+            return
+        result = self.loop.train(taken)
+        cost = self.cc.learner_step_seconds + self.cc.learner_seconds_per_token * result.tokens
+        self.learner_busy = True
+        self.events.schedule_in(cost, self._train_done, result, cost, label=f"learner step {self.loop.learner.version}")
+
+    def _train_done(self, result: StepResult, cost: float) -> None:
+        self.learner_busy = False
+        now = max(self.events.now, 1e-12)
+        for node in self.nodes:
+            idle = 1.0 - node.busy_seconds / now
+            self.loop.peers.heard(node.name, node.worker.version, idle, node.worker.failed)
+        self.loop.commit(result, busy_seconds=cost)  # publish (overlaps the next step: ParaBlock), record, evaluate
+        self.events.schedule_in(0.0, self._send_newest, label=f"send v{self.loop.published_version}")
+        self._wake_samplers()
+        self._maybe_train()
+
+    def _wake_samplers(self) -> None:
+        for node in self.nodes:
+            self._maybe_generate(node)

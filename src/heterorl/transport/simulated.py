@@ -1,0 +1,54 @@
+"""The simulated transport: one link per sampler, each a pair of FIFO paths with delay, bandwidth and faults.
+
+A path transmits one message at a time (a slow patch holds back the next one, as one connection would) and
+delivers in order: arrival = max(previous arrival, start + bytes / bandwidth + delay sample). Faults (drop,
+duplicate, reorder, corrupt) then act on the bytes, from the link's own seeded stream, exactly as the live
+link emulation does (`heterorl.network.FaultInjector`), and every injected fault is counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from heterorl.network import Delivery, Link, LinkPath, bandwidth_seconds
+
+
+@dataclass
+class SimPath:
+    """One direction of a link: FIFO delivery, one transmission at a time, faults applied to the bytes."""
+
+    link: Link
+    name: LinkPath
+    free_at: float = 0.0
+    last_arrival: float = 0.0
+    bytes_sent: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def lossy(self) -> bool:
+        """True when faults may alter messages (then they must travel as bytes)."""
+        return self.link.faults[self.name].active
+
+    def arrival(self, now: float, nbytes: int) -> float:
+        """Arrival time of a message of `nbytes` sent at `now` (advances the path's state)."""
+        start = max(now, self.free_at)
+        self.free_at = start + bandwidth_seconds(nbytes, self.link.cfg.bandwidth_mbps)
+        delay = self.link.delays[self.name].sample(self.link.delay_rngs[self.name])
+        self.last_arrival = max(self.free_at + delay, self.last_arrival)
+        self.bytes_sent += nbytes
+        return self.last_arrival
+
+    def send(self, now: float, payload: bytes) -> list[Delivery]:
+        """The deliveries of `payload` sent at `now`: none (dropped), one, or two (duplicated)."""
+        at = self.arrival(now, len(payload))
+        if not self.lossy:
+            return [Delivery(at, payload)]
+        deliveries = self.link.faults[self.name].apply(payload, at)
+        if not deliveries:
+            self.faults["drop"] += 1
+        for d in deliveries:
+            self.faults["duplicate"] += d.duplicate
+            self.faults["reorder"] += d.reordered and not d.duplicate
+            self.faults["corrupt"] += d.corrupted and not d.duplicate
+        return deliveries

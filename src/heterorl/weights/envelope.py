@@ -1,0 +1,76 @@
+"""Weight updates on the wire: an explicit binary envelope around the store's `Update` (never pickle).
+
+Layout (little-endian):
+
+    magic b"HRLWUPD1" | u32 header length H | H bytes of JSON header | snapshot bytes | patch bytes
+
+Header: {"version": int, "state_hash": str, "base_version": int | null, "kind": "snapshot" | "patch",
+"snapshot_nbytes": int, "patch_nbytes": int}. The body must be exactly 12 + H + snapshot_nbytes + patch_nbytes
+bytes. The envelope only frames; the snapshot and patch blobs carry their own checksums and hashes, which the
+sampler's `WeightReceiver` verifies before it writes a single weight (docs/weight-sync.md). A "noop" update is
+never framed: the service answers 204 instead.
+"""
+
+from __future__ import annotations
+
+import re
+
+from heterorl.framing import frame, frame_nbytes, non_negative_int, unframe
+from heterorl.weights.store import Update
+
+MAGIC = b"HRLWUPD1"
+MAX_HEADER_BYTES = 4096
+_HASH = re.compile(r"^[0-9a-f]{1,128}$")
+
+
+class EnvelopeError(ValueError):
+    """A weight-update envelope that cannot be parsed."""
+
+
+def _header(update: Update) -> dict:
+    if update.kind == "noop":
+        raise ValueError("a noop update is not sent (the service answers 204)")
+    return {
+        "version": update.version,
+        "state_hash": update.state_hash,
+        "base_version": update.base_version,
+        "kind": update.kind,
+        "snapshot_nbytes": len(update.snapshot or b""),
+        "patch_nbytes": len(update.patch or b""),
+    }
+
+
+def encode_update(update: Update) -> bytes:
+    """Frame a snapshot and/or patch update (not a noop)."""
+    return frame(MAGIC, _header(update), (update.snapshot or b"") + (update.patch or b""))
+
+
+def envelope_nbytes(update: Update) -> int:
+    """len(encode_update(update)), without copying the payload: what the update costs on the wire."""
+    return frame_nbytes(MAGIC, _header(update)) + update.nbytes
+
+
+def _int_field(header: dict, key: str) -> int:
+    return non_negative_int(header, key, EnvelopeError)
+
+
+def decode_update(data: bytes) -> Update:
+    """Parse an envelope into an `Update`; raises EnvelopeError on anything malformed."""
+    header, start = unframe(data, MAGIC, MAX_HEADER_BYTES, EnvelopeError)
+    version = _int_field(header, "version")
+    base_version = None if header.get("base_version") is None else _int_field(header, "base_version")
+    n_snap, n_patch = _int_field(header, "snapshot_nbytes"), _int_field(header, "patch_nbytes")
+    state_hash, kind = header.get("state_hash"), header.get("kind")
+    if not isinstance(state_hash, str) or not _HASH.match(state_hash):
+        raise EnvelopeError(f"header field 'state_hash' must be a hex digest, got {state_hash!r}")
+    if (kind, n_snap > 0) not in (("snapshot", True), ("patch", False)) or (kind == "patch" and n_patch == 0):
+        raise EnvelopeError(f"kind {kind!r} does not match snapshot {n_snap} / patch {n_patch} bytes")
+    if len(data) != start + n_snap + n_patch:
+        raise EnvelopeError(f"envelope has {len(data)} bytes, its header declares {start + n_snap + n_patch}")
+    return Update(
+        version=version,
+        state_hash=state_hash,
+        base_version=base_version,
+        snapshot=data[start : start + n_snap] if n_snap else None,
+        patch=data[start + n_snap :] if n_patch else None,
+    )

@@ -1,0 +1,224 @@
+"""The learner's HTTP service in process: every rejection gets its status code and is counted (status and
+metrics), the weights route serves updates a receiver verifies, and the learner keeps training afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import io
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from aiohttp.test_utils import TestClient, TestServer
+
+from conftest import tiny_config
+from heterorl.eventlog import EventLog
+from heterorl.live.learner_node import LiveLearner, open_learner
+from heterorl.loop.intake import REJECTION_STATUS, body_digest
+from heterorl.loop.run_dir import prepare_run_dir
+from heterorl.metrics import read_metrics
+from heterorl.policy import Policy, SamplingParams
+from heterorl.rollout import RolloutGroup
+from heterorl.rollout_codec import encode_group
+from heterorl.sampler import Sampler
+from heterorl.tasks import make_task
+from heterorl.transport.http.service import build_app
+from heterorl.weights import WeightReceiver
+from heterorl.weights.envelope import EnvelopeError, decode_update, encode_update
+
+TOKEN = "test-token-" + "x" * 24
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+REWARD_MODULE = "heterorl_live_test_reward"
+REWARD = f"task.reward={REWARD_MODULE}:length"
+
+
+@pytest.fixture
+def varied_reward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A reward that differs within a group (completion length), so a random tiny model gets gradients."""
+    source = "def length(prompt, completion, answer, **info):\n    return float(len(completion))\n"
+    (tmp_path / f"{REWARD_MODULE}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, REWARD_MODULE, raising=False)
+    return REWARD
+
+
+def make_live(run_dir: Path, model_dir: Path, *overrides: str, events: EventLog | None = None) -> LiveLearner:
+    cfg = tiny_config(model_dir, "live.fsync=false", "live.max_body_bytes=4096", *overrides)
+    run_dir = prepare_run_dir(cfg, run_dir)
+    live = open_learner(cfg, run_dir, str(model_dir), events=events or EventLog(io.StringIO()))
+    live.loop.start()
+    return live
+
+
+def sample_groups(live: LiveLearner, model_dir: Path, n: int, seed: int = 1) -> list[RolloutGroup]:
+    cfg = live.cfg
+    params = SamplingParams.from_config(cfg.sampler)
+    sampler = Sampler.from_policy(
+        "s", Policy.load(model_dir), make_task(cfg.task), params, cfg.sampler.group_size, seed
+    )
+    sampler.load_weights(live.loop.learner.version, live.loop.learner.export_weights())
+    return sampler.generate_groups(n)
+
+
+def tampered(group: RolloutGroup, change: Callable[[RolloutGroup], None]) -> bytes:
+    bad = copy.deepcopy(group)
+    bad.group_id += "-tampered"
+    change(bad)
+    return encode_group(bad)
+
+
+@pytest.fixture
+def live(tmp_path: Path, tiny_model_dir: Path, varied_reward: str) -> Iterator[LiveLearner]:
+    live = make_live(tmp_path / "run", tiny_model_dir, varied_reward, "learner.steps=2")
+    yield live
+    live.request_stop()
+    live.loop.intake.journal.close()
+
+
+def _set(name: str, index: tuple[int, ...], value: float) -> Callable[[RolloutGroup], None]:
+    def change(g: RolloutGroup) -> None:
+        getattr(g, name)[index] = value
+
+    return change
+
+
+def test_every_rejection_has_its_status_is_counted_and_training_goes_on(live: LiveLearner, tiny_model_dir: Path):
+    groups = sample_groups(live, tiny_model_dir, 6)
+    good = [encode_group(g) for g in groups]
+    vocab = live.loop.learner.policy.model.config.vocab_size
+    # (expected outcome, status, headers, body)
+    cases: list[tuple[str, int, dict[str, str], bytes]] = [
+        ("unauthorized", 401, {}, good[0]),
+        ("unauthorized", 401, {"Authorization": "Bearer wrong-token-wrong-token"}, good[0]),
+        ("unauthorized", 401, {"Authorization": TOKEN}, good[0]),  # no Bearer scheme
+        ("too_large", 413, AUTH, b"x" * 5000),
+        ("malformed", 400, AUTH, b"not a rollout group"),
+        ("malformed", 400, AUTH, good[0][:-3]),
+        ("corrupt", 400, {**AUTH, "X-Heterorl-Digest": body_digest(good[1])}, good[0]),
+        ("out_of_vocab", 422, AUTH, tampered(groups[0], _set("completion_ids_GL", (0, 0), vocab))),
+        ("bad_logprobs", 422, AUTH, tampered(groups[0], _set("behavior_logp_GL", (1, 0), float("nan")))),
+        ("bad_logprobs", 422, AUTH, tampered(groups[0], _set("behavior_logp_GL", (1, 0), float("inf")))),
+        ("future_version", 422, AUTH, tampered(groups[0], _set("version_GL", (0, 0), 7))),
+        ("bad_rewards", 422, AUTH, tampered(groups[0], _set("rewards_G", (0,), float("nan")))),
+    ]
+
+    def drop_row(g: RolloutGroup) -> None:
+        for name in ("completion_ids_GL", "completion_mask_GL", "behavior_logp_GL", "version_GL", "rewards_G"):
+            setattr(g, name, getattr(g, name)[1:])
+
+    cases.append(("group_size", 422, AUTH, tampered(groups[0], drop_row)))
+    trainer = threading.Thread(target=live.train, daemon=True)
+
+    async def scenario() -> dict:
+        async with TestClient(TestServer(build_app(live, TOKEN))) as client:
+            for outcome, status, headers, body in cases:
+                r = await client.post("/v1/rollouts", data=body, headers=headers)
+                assert (r.status, (await r.json())["outcome"]) == (status, outcome), outcome
+
+            async def chunks():  # no Content-Length: the server's own size limit must catch it
+                for _ in range(3):
+                    yield b"y" * 2000
+
+            r = await client.post("/v1/rollouts", data=chunks(), headers=AUTH)
+            assert r.status == 413
+            r = await client.get("/v1/weights")
+            assert r.status == 401
+            r = await client.get("/v1/weights", params={"version": "abc"}, headers=AUTH)
+            assert r.status == 400
+
+            trainer.start()
+            for i, body in enumerate(good):
+                r = await client.post(
+                    "/v1/rollouts", data=body, headers={**AUTH, "X-Heterorl-Digest": body_digest(body)}
+                )
+                assert (r.status, (await r.json())["outcome"]) == (200, "accepted"), i
+            r = await client.post("/v1/rollouts", data=good[0], headers=AUTH)  # a retried POST
+            assert (r.status, (await r.json())["outcome"]) == (200, "duplicate")
+            deadline = time.monotonic() + 30
+            while live.loop.learner.version < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            r = await client.get("/v1/status")  # public: no token
+            return await r.json()
+
+    status = asyncio.run(scenario())
+    expected = {"unauthorized": 4, "too_large": 2, "malformed": 3, "corrupt": 1, "out_of_vocab": 1}
+    expected |= {"bad_logprobs": 2, "future_version": 1, "bad_rewards": 1, "group_size": 1}
+    assert status["rejected"] == expected
+    assert set(expected) <= set(REJECTION_STATUS)
+    assert status["steps"] >= 1
+    assert status["accepted"] == 6
+    assert status["duplicates"] == 1
+    live.request_stop()
+    trainer.join(timeout=60)
+    assert not trainer.is_alive()
+    train = [r for r in read_metrics(live.run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert train[0]["step"] == 1
+    for reason, count in expected.items():
+        assert train[0][f"net/rejected_{reason}"] == count, reason
+    assert train[0]["net/rejected_too_long"] == 0
+
+
+def test_weights_route_serves_updates_a_receiver_verifies(tmp_path: Path, tiny_model_dir: Path, varied_reward: str):
+    live = make_live(tmp_path / "run", tiny_model_dir, varied_reward, "weights.codec=pulse")
+    groups = sample_groups(live, tiny_model_dir, live.cfg.learner.groups_per_step)
+    receiver = WeightReceiver()
+
+    def train_and_publish() -> None:
+        time.sleep(0.2)
+        live.loop.learner.train_step(groups)
+        live.loop.publish()
+
+    async def scenario() -> None:
+        async with TestClient(TestServer(build_app(live, TOKEN))) as client:
+            r = await client.get("/v1/weights", headers=AUTH)
+            assert r.status == 200
+            first = decode_update(await r.read())
+            assert first.kind == "snapshot"
+            assert receiver.apply(first)
+            assert (receiver.version, receiver.state_hash) == (0, live.loop.store.latest_hash)
+            held = {"version": "0", "hash": receiver.state_hash, "wait": "0", "sampler": "s0", "idle": "0.5"}
+            r = await client.get("/v1/weights", params=held, headers=AUTH)
+            assert r.status == 204
+            # a long-poll is answered as soon as the next version is published
+            worker = threading.Thread(target=train_and_publish)
+            worker.start()
+            began = time.monotonic()
+            r = await client.get("/v1/weights", params={**held, "wait": "30"}, headers=AUTH)
+            assert r.status == 200
+            assert time.monotonic() - began < 20
+            worker.join()
+            update = decode_update(await r.read())
+            assert (update.kind, update.base_version, update.version) == ("patch", 0, 1)
+            assert update.state_hash != first.state_hash  # training changed the weights
+            # a corrupted patch is refused and leaves the weights as they were; the next update is a snapshot
+            broken = bytearray(update.patch or b"")
+            broken[len(broken) // 2] ^= 0xFF
+            damaged = decode_update(encode_update(type(update)(**{**vars(update), "patch": bytes(broken)})))
+            before = {k: v.clone() for k, v in (receiver.weights or {}).items()}
+            assert not receiver.apply(damaged)
+            assert all(torch.equal(before[k], v) for k, v in (receiver.weights or {}).items())
+            assert receiver.held() == (None, None)
+            r = await client.get("/v1/weights", headers=AUTH)
+            again = decode_update(await r.read())
+            assert again.kind == "snapshot"
+            assert receiver.apply(again)
+            assert (receiver.version, receiver.state_hash) == (1, live.loop.store.latest_hash)
+
+    asyncio.run(scenario())
+    assert live.loop.peers.snapshot()["s0"].idle == 0.5
+
+
+def test_envelope_rejects_damaged_framing() -> None:
+    from heterorl.weights import Update
+
+    body = encode_update(Update(version=3, state_hash="ab" * 16, base_version=2, patch=b"p" * 10))
+    assert decode_update(body).patch == b"p" * 10
+    for bad in (body[:-1], body + b"x", b"XXXXXXXX" + body[8:], body[:13] + b"!" + body[14:]):
+        with pytest.raises(EnvelopeError):
+            decode_update(bad)
