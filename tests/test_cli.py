@@ -165,3 +165,15 @@ def test_eval_without_any_config_refuses_to_guess(tmp_path: Path, tiny_model_dir
     result = CliRunner().invoke(app, ["eval", str(tiny_model_dir)])
     assert result.exit_code == 2
     assert "no --config given and no config.yaml beside" in result.output
+
+
+def test_sync_inspect_prints_its_table_on_stdout(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"kind": "train", "step": 1, "sync/version": 1, "sync/bytes": 100, "sync/full_bytes": 400, '
+        '"sync/changed_share": 0.5}\n'
+    )
+    result = CliRunner().invoke(app, ["sync", "inspect", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "4.0x" in result.stdout
+    assert "total 0.000 MB sent" in result.stdout
+    assert result.stderr == ""

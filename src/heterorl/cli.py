@@ -380,7 +380,7 @@ def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory."
     snapshot, is left out)."""
     from rich.table import Table
 
-    from heterorl.console import console
+    from heterorl.console import out
     from heterorl.metrics import read_metrics
 
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -401,8 +401,8 @@ def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory."
         )
     sent, full = sum(r["sync/bytes"] for r in steps), sum(r["sync/full_bytes"] for r in steps)
     shares = [r["sync/changed_share"] for r in steps]
-    console.print(table)
-    console.print(
+    out.print(table)
+    out.print(
         f"total {sent / 1e6:.3f} MB sent vs {full / 1e6:.3f} MB of full weights ({full / max(sent, 1):.1f}x less); "
         f"changed share per version: mean {sum(shares) / len(shares):.4%}, max {max(shares):.4%}"
     )
