@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[dev,tasks,sinks]"
+	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[dev,tasks,sinks,data]"
 	touch $(STAMP)
 
 install: $(STAMP)

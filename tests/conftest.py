@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config
 
 from heterorl.config import ModelConfig, RunConfig, load_config
 from heterorl.policy import Policy
+from heterorl.tiny_model import build_qwen3, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
@@ -75,10 +74,6 @@ def capture_records(cluster) -> list[dict]:
 
 
 DATA = Path(__file__).parent / "data" / "math_small.jsonl"
-CHAT = (
-    "{% for m in messages %}<|user|>{{ m['content'] }}{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 
 
 @pytest.fixture(scope="session")
@@ -86,34 +81,9 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Qwen3 and a 400-token byte-level BPE tokenizer trained on the problems, saved like a hub model."""
     path = tmp_path_factory.mktemp("qwen3-tiny")
     texts = [json.loads(line)["problem"] for line in DATA.read_text().splitlines()]
-    backend = Tokenizer(models.BPE(unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    special = ["<pad>", "<eos>", "<unk>", "<|user|>", "<|assistant|>"]
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    backend.train_from_iterator([*texts, "\\boxed{12} 0123456789 + - * / = ( )"], trainer)
-    tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
-    )
-    tok.chat_template = CHAT
+    tok = train_tokenizer(texts, vocab_size=400)
     tok.save_pretrained(path)
-    cfg = Qwen3Config(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
+    build_qwen3(tok, hidden=32, layers=1, seed=0).save_pretrained(path)
     return path
 
 

@@ -86,3 +86,30 @@ def test_override_of_an_aliased_yaml_node_changes_only_that_item(tmp_path: Path)
     (tmp_path / "c.yaml").write_text("cluster:\n  samplers:\n    - link: &l {bandwidth_mbps: 10}\n    - link: *l\n")
     cfg = load_config(tmp_path / "c.yaml", ["cluster.samplers.0.link.bandwidth_mbps=99"])
     assert [s.link.bandwidth_mbps for s in cfg.cluster.samplers] == [99, 10]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "line"),
+    [
+        (["learner.lrr=1"], "learner.lrr: unknown field; did you mean 'lr'?"),
+        (["lerner.lr=1"], "lerner: unknown field; did you mean 'learner'?"),
+        (
+            ["objective.name=gepo", "objective.defensive_lamb=0.1"],
+            "objective.gepo.defensive_lamb: unknown field; did you mean 'defensive_lam'?",
+        ),
+        (
+            ["task.name=math", "task.path=x.jsonl", "task.eval_fractoin=0.2"],
+            "task.math.eval_fractoin: unknown field; did you mean 'eval_fraction'?",
+        ),
+        (
+            ["cluster.samplers=[{link: {weights_delay: {kind: lognormal, lowr: 3}}}]"],
+            "cluster.samplers.0.link.weights_delay.lognormal.lowr: unknown field; did you mean 'lower'?",
+        ),
+        (["objective.name=gepoo"], "objective.name: unknown value 'gepoo'; did you mean 'gepo'?"),
+        (["eval.zzz=1"], "eval.zzz: unknown field (valid: every"),
+    ],
+)
+def test_typos_get_the_closest_valid_name(overrides: list[str], line: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, overrides)
+    assert line in str(info.value)

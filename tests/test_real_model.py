@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import capture_records, math_config
+from conftest import DATA, capture_records, math_config
 from heterorl.loop.build import build_sampler
 from heterorl.run import build_simulated, execute
 from heterorl.weights import load_snapshot
@@ -112,3 +112,33 @@ def test_missing_model_path_is_a_clear_error(tmp_path: Path) -> None:
     cfg = math_config(tmp_path / "no-such-model")
     with pytest.raises(FileNotFoundError, match="no-such-model"):
         execute(cfg, tmp_path / "run", show_progress=False)
+
+
+def test_the_tiny_model_builder_warm_starts_on_training_problems_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m heterorl.tiny_model --config`: the run config's split decides what the warm start sees, and the
+    result loads through model.path with its chat template."""
+    import heterorl.tiny_model as tiny
+    from heterorl.tasks import make_task
+
+    seen, losses = [], []
+    real_warm_start = tiny.warm_start
+
+    def spy(policy, problems, steps, lr, batch_size, seed):
+        seen.extend(problems)
+        with torch.no_grad():
+            before = float(tiny.supervised_loss_of(policy, problems))
+        losses.append((before, real_warm_start(policy, problems, steps, lr, batch_size, seed)))
+        return losses[-1][1]
+
+    monkeypatch.setattr(tiny, "warm_start", spy)
+    config = tmp_path / "run.yaml"
+    config.write_text(f"task: {{name: math, path: {DATA}, eval_fraction: 0.25}}\n")
+    tiny.main([str(tmp_path / "tiny"), "--config", str(config), "--hidden", "32", "--layers", "1", "--sft-steps", "8"])
+    cfg = math_config(tmp_path / "tiny", "task.eval_fraction=0.25")
+    task = make_task(cfg.task)
+    assert {p.prompt for p in seen} == {p.prompt for p in task.train_problems}
+    assert losses[0][1] < losses[0][0]  # the warm start lowers the loss of `\boxed{answer}`
+    sampler = build_sampler(cfg, 0, str(tmp_path / "tiny"))
+    assert sampler.engine.policy.tokenizer.chat_template

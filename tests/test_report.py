@@ -13,7 +13,14 @@ import typer
 from heterorl.config import config_to_yaml, load_config
 from heterorl.report import ReportError, ReportResult, make_report, report_command
 from heterorl.report.runs import flatten, group_runs, load_run
-from heterorl.sinks import MissingPackageError, scalars, tensorboard_export, wandb_export
+from heterorl.sinks import (
+    MissingPackageError,
+    SinkError,
+    scalars,
+    tensorboard_export,
+    wandb_export,
+    wandb_preflight,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -98,10 +105,11 @@ def mean_std_pct(values: list[float]) -> str:
 
 
 def test_groups_are_named_by_the_keys_that_differ(runs: list[Path]) -> None:
-    groups, keys = group_runs([load_run(p) for p in runs])
-    assert keys == ["cluster.mode", "cluster.max_staleness"]
-    assert [g.name for g in groups] == ["mode=sync, max_staleness=null", "mode=async, max_staleness=4"]
-    assert [[r.seed for r in g.runs] for g in groups] == [[0, 1], [0, 1]]
+    grouping = group_runs([load_run(p) for p in runs])
+    assert grouping.keys == ["cluster.mode", "cluster.max_staleness"]
+    assert [g.name for g in grouping.groups] == ["mode=sync, max_staleness=null", "mode=async, max_staleness=4"]
+    assert [[r.seed for r in g.runs] for g in grouping.groups] == [[0, 1], [0, 1]]
+    assert grouping.unlisted == ""  # two groups: every value names one
 
 
 def test_group_names_skip_fields_of_another_objective(tmp_path: Path) -> None:
@@ -112,11 +120,12 @@ def test_group_names_skip_fields_of_another_objective(tmp_path: Path) -> None:
         write_run(tmp_path / "b", ["objective.name=grpo", "objective.eps_high=0.28"], 0, **numbers),
         write_run(tmp_path / "c", ["objective.name=gepo"], 0, **numbers),
     ]
-    groups, _ = group_runs([load_run(p) for p in paths])
-    assert [g.name for g in groups] == [
-        "objective.name=grpo, eps_high=0.2",
-        "objective.name=grpo, eps_high=0.28",
-        "objective.name=gepo",
+    grouping = group_runs([load_run(p) for p in paths])
+    assert grouping.keys == ["objective.name", "objective.eps_high"]  # not every field grpo and gepo set apart
+    assert [g.name for g in grouping.groups] == [
+        "objective=grpo(eps_high=0.2)",
+        "objective=grpo(eps_high=0.28)",
+        "objective=gepo",
     ]
 
 
@@ -206,19 +215,19 @@ def test_baseline_is_the_nearest_matching_group(tmp_path: Path) -> None:
             paths.append(write_run(tmp_path / f"{objective}-{mode}", overrides, 0, **numbers))
     result = make_report(paths, tmp_path / "report", baseline="cluster.mode=sync")
     stats = {g.name: g for g in result.groups}
-    grpo_async = stats["objective.name=grpo, mode=async, max_staleness=4"]
-    gepo_async = stats["objective.name=gepo, mode=async, max_staleness=4"]
-    assert grpo_async.baseline == "objective.name=grpo, mode=sync, max_staleness=null"
+    grpo_async = stats["objective=grpo, mode=async, max_staleness=4"]
+    gepo_async = stats["objective=gepo, mode=async, max_staleness=4"]
+    assert grpo_async.baseline == "objective=grpo, mode=sync, max_staleness=null"
     assert grpo_async.best_delta == pytest.approx(-0.3)
-    assert gepo_async.baseline == "objective.name=gepo, mode=sync, max_staleness=null"
+    assert gepo_async.baseline == "objective=gepo, mode=sync, max_staleness=null"
     assert gepo_async.best_degradation == pytest.approx(0.1)
     assert [g.baseline == g.name for g in result.groups] == [True, True, False, False]  # baselines first
 
 
 def test_group_by_overrides_the_automatic_grouping(runs: list[Path]) -> None:
-    groups, keys = group_runs([load_run(p) for p in runs], group_by=["cluster.mode"])
-    assert keys == ["cluster.mode"]
-    assert [(g.name, len(g.runs)) for g in groups] == [("mode=sync", 2), ("mode=async", 2)]
+    grouping = group_runs([load_run(p) for p in runs], group_by=["cluster.mode"])
+    assert grouping.keys == ["cluster.mode"]
+    assert [(g.name, len(g.runs)) for g in grouping.groups] == [("mode=sync", 2), ("mode=async", 2)]
     with pytest.raises(ReportError, match=r"cluster\.moed"):
         group_runs([load_run(p) for p in runs], group_by=["cluster.moed"])
 
@@ -242,10 +251,10 @@ def test_report_command_prints_the_table_and_the_path(
     runs: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     report_command(runs, tmp_path / "report", "cluster.mode=sync")
-    err = capsys.readouterr().err
-    assert "45.0 ± 7.1" in err  # best accuracy of the sync group
-    assert "-5.0" in err  # the async group's Δ best
-    assert f"report: {tmp_path / 'report' / 'report.md'}" in err
+    out = capsys.readouterr().out  # results go to stdout, so `heterorl report ... > file` keeps them
+    assert "45.0 ± 7.1" in out  # best accuracy of the sync group
+    assert "-5.0" in out  # the async group's Δ best
+    assert f"report: {tmp_path / 'report' / 'report.md'}" in out
     with pytest.raises(typer.Exit) as exit_info:
         report_command(runs, tmp_path / "report", "cluster.mode=lockstep")
     assert exit_info.value.exit_code == 2
@@ -281,3 +290,38 @@ def test_wandb_export_writes_an_offline_run(runs: list[Path], monkeypatch: pytes
     run_path = wandb_export(runs[0])
     assert run_path.is_dir()
     assert any(run_path.glob("*.wandb"))
+
+
+@pytest.fixture
+def no_wandb_credentials(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+
+
+def test_wandb_online_without_a_key_is_one_clear_line(runs: list[Path], no_wandb_credentials: None) -> None:
+    pytest.importorskip("wandb")
+    with pytest.raises(SinkError) as info:
+        wandb_export(runs[0], mode="online")
+    message = str(info.value)
+    assert message.startswith("metrics.wandb_mode online needs a W&B API key for https://api.wandb.ai")
+    assert "\n" not in message
+    assert not (runs[0] / "wandb").exists()  # nothing was started
+
+
+def test_wandb_online_without_a_network_is_one_clear_line(
+    runs: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("wandb")
+    (tmp_path / "netrc").write_text("machine 127.0.0.1 login user password " + "k" * 40 + "\n")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # the key comes from netrc, as `wandb login` writes it
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # loopback, nothing listens: no traffic leaves
+    with pytest.raises(SinkError, match=r"^metrics\.wandb_mode online, but http://127\.0\.0\.1:9 cannot be reached"):
+        wandb_export(runs[0], mode="online")
+
+
+def test_wandb_offline_needs_neither(runs: list[Path], no_wandb_credentials: None, monkeypatch) -> None:
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    assert wandb_preflight("offline") is None
+    assert any(wandb_export(runs[0], mode="offline").glob("*.wandb"))

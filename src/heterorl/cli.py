@@ -2,20 +2,96 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import platform
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
+from heterorl import __version__
 from heterorl.config import ConfigError, load_config
+from heterorl.errors import SetupError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL post-training across slow, unequal networks.")
 
+class _FlagHelp:
+    """typer prints a type after every option, `--help <bool>` included; flags take no value, so no type."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class Command(_FlagHelp, TyperCommand):
+    pass
+
+
+class Group(_FlagHelp, TyperGroup):
+    pass
+
+
+app = typer.Typer(
+    cls=Group, add_completion=False, no_args_is_help=True, help="RL post-training across slow, unequal networks."
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Boolean options are flags (`--live`, no value); metavar "" keeps typer's help from printing a `<bool>` type.
 ConfigArg = Annotated[Path | None, typer.Argument(help="YAML run config (defaults apply when omitted).")]
-SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override: dotted.key=value (repeatable).")]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", "-s", help="Override: dotted.key=value (repeatable).", metavar="KEY=VALUE"),
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars.", metavar="")]
+
+
+def _version(value: bool) -> None:
+    if not value:
+        return
+    versions = ", ".join(f"{pkg} {_installed(pkg)}" for pkg in ("torch", "transformers"))
+    typer.echo(f"heterorl {__version__} (python {platform.python_version()}, {versions})")
+    raise typer.Exit()
+
+
+def _installed(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the versions and exit.", metavar=""),
+    ] = False,
+) -> None:
+    """RL post-training across slow, unequal networks."""
+
+
+def user_errors(fn: F) -> F:
+    """A mistake in the user's setup (a missing model or data file, unusable data, a failing reward function, a
+    missing optional package: `heterorl.errors.SetupError`) prints one red line and exits 1; anything else is a
+    bug and keeps its traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SetupError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
 NprocOpt = Annotated[
     int | None,
     typer.Option(
@@ -32,11 +108,28 @@ def _load(config: Path | None, overrides: list[str] | None):
         raise typer.Exit(2) from None
 
 
+def weight_traffic_text(summary: dict[str, Any], codec: str | None, wire_dtype: str | None) -> str:
+    """Bytes sent to the samplers against the same weights raw in the wire dtype, and what made the difference:
+    PULSE patches, or (codec `full`) only zstd on full snapshots, which is no sparsity saving."""
+    sent, raw = summary["weight_bytes_sent"], summary["weight_bytes_full"]
+    ratio = raw / max(sent, 1)
+    how = {"pulse": "PULSE patches", "full": "zstd-compressed full snapshots"}.get(codec or "", "")
+    return (
+        f"{sent / 1e6:.2f} MB sent vs {raw / 1e6:.2f} MB of raw {wire_dtype or 'wire-dtype'} weights "
+        f"({ratio:.1f}x less" + (f": {how})" if how else ")")
+    )
+
+
 def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
+    """The run's short human summary, on stdout (so `heterorl run ... > log` keeps it)."""
+    import yaml
     from rich.table import Table
 
-    from heterorl.console import console
+    from heterorl.console import out
 
+    config_path = run_dir / "config.yaml"
+    resolved = (yaml.safe_load(config_path.read_text()) or {}) if config_path.is_file() else {}
+    weights = resolved.get("weights") or {}
     table = Table(title="heterorl run", show_header=False, title_justify="left")
     acc0, acc1 = summary["accuracy_initial"], summary["accuracy_final"]
     table.add_row("held-out accuracy", f"{acc0:.1%} -> {acc1:.1%}  ({(acc1 - acc0) * 100:+.1f} points)")
@@ -49,11 +142,10 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     idle = ", ".join(f"{k} {v:.0%}" for k, v in summary["sampler_idle"].items())
     table.add_row("idle", f"learner {summary['learner_idle']:.0%}; samplers {idle}")
     if summary["weight_bytes_full"]:
-        ratio = summary["weight_bytes_full"] / max(summary["weight_bytes_sent"], 1)
-        table.add_row("weight traffic", f"{summary['weight_bytes_sent'] / 1e6:.2f} MB ({ratio:.1f}x less than full)")
+        table.add_row("weight traffic", weight_traffic_text(summary, weights.get("codec"), weights.get("wire_dtype")))
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s (RL {summary['rl_wall_seconds']:.1f} s)")
     table.add_row("run directory", str(run_dir))
-    console.print(table)
+    out.print(table)
 
 
 @contextmanager
@@ -91,13 +183,14 @@ def _under_torchrun(nproc: int | None) -> None:
         raise typer.Exit(torchrun_self(nproc))
 
 
-@app.command()
+@app.command(cls=Command)
+@user_errors
 def run(
     config: ConfigArg = None,
     set_: SetOpt = None,
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Where to write the run.")] = None,
     live: Annotated[
-        bool, typer.Option("--live", help="Learner and samplers as local processes over HTTP, real clocks.")
+        bool, typer.Option("--live", help="Learner and samplers as local processes over HTTP, real clocks.", metavar="")
     ] = False,
     ray: Annotated[
         str | None,
@@ -109,7 +202,8 @@ def run(
     ] = None,
     nproc: NprocOpt = None,
     overwrite: Annotated[
-        bool, typer.Option("--overwrite", help="Replace the run already in --run-dir (default: refuse).")
+        bool,
+        typer.Option("--overwrite", help="Replace the run already in --run-dir (default: refuse).", metavar=""),
     ] = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -137,13 +231,16 @@ def run(
     _print_summary(summary, target)
 
 
-@app.command()
+@app.command(cls=Command)
+@user_errors
 def learner(
     config: ConfigArg = None,
     set_: SetOpt = None,
     listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to serve on.")] = "127.0.0.1:8470",
     run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Where to write the run.")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue from the run directory's saved state.")] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the run directory's saved state.", metavar="")
+    ] = False,
     nproc: NprocOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
@@ -166,7 +263,8 @@ def learner(
         _print_summary(summary, target)
 
 
-@app.command()
+@app.command(cls=Command)
+@user_errors
 def sampler(
     config: ConfigArg = None,
     set_: SetOpt = None,
@@ -183,7 +281,8 @@ def sampler(
         run_sampler(cfg, connect, index)
 
 
-@app.command()
+@app.command(cls=Command)
+@user_errors
 def pretrain(
     config: ConfigArg = None,
     set_: SetOpt = None,
@@ -200,25 +299,66 @@ def pretrain(
     typer.echo(f"base model{cached}: {result.path}  steps={result.steps}  val_accuracy={result.val_accuracy:.1%}")
 
 
-@app.command("eval")
+def eval_inputs(checkpoint: Path, config: Path | None) -> tuple[Path, Path | None]:
+    """(checkpoint directory, config file) for `heterorl eval`: a run directory stands for its checkpoint/ and
+    config.yaml; a checkpoint inside a run directory is scored with the config.yaml beside it unless --config
+    says otherwise. None: no config anywhere (then the command refuses rather than guess the task)."""
+    if (checkpoint / "checkpoint").is_dir() and (checkpoint / "config.yaml").is_file():
+        return checkpoint / "checkpoint", config or checkpoint / "config.yaml"
+    beside = checkpoint.parent / "config.yaml"
+    return checkpoint, config or (beside if beside.is_file() else None)
+
+
+def format_eval(metrics: dict[str, float]) -> list[str]:
+    """The `eval/*` metrics beyond greedy accuracy, one line each: sampled (pass@k, maj@k), unparsable, sources."""
+    lines = []
+    sampled = [k for k in metrics if k.startswith(("eval/pass@", "eval/maj@"))]
+    if sampled:
+        lines.append("sampled: " + ", ".join(f"{k.removeprefix('eval/')} {metrics[k]:.1%}" for k in sampled))
+    if "eval/unparsable" in metrics:
+        lines.append(f"no readable answer: {metrics['eval/unparsable']:.1%} of greedy completions")
+    per_source = {k: v for k, v in metrics.items() if k.count("/") == 2 and k.endswith("/accuracy")}
+    if per_source:
+        lines.append("by source: " + ", ".join(f"{k.split('/')[1]} {v:.1%}" for k, v in per_source.items()))
+    return lines
+
+
+@app.command("eval", cls=Command)
+@user_errors
 def evaluate(
-    checkpoint: Annotated[Path, typer.Argument(help="A transformers checkpoint directory.")],
-    config: Annotated[Path | None, typer.Option("--config", help="Config naming the task.")] = None,
+    checkpoint: Annotated[Path, typer.Argument(help="A transformers checkpoint directory, or a run directory.")],
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Config naming the task (default: the run's config.yaml).")
+    ] = None,
     set_: SetOpt = None,
 ) -> None:
-    """Held-out greedy accuracy of a checkpoint on the config's task."""
+    """Held-out accuracy of a checkpoint on its run's task (greedy; pass@k and maj@k with eval.samples=k)."""
+    checkpoint, config = eval_inputs(checkpoint, config)
+    if not (checkpoint / "config.json").is_file():
+        raise typer.BadParameter(f"{checkpoint} is not a transformers checkpoint (no config.json)")
+    if config is None:
+        raise typer.BadParameter(
+            f"no --config given and no config.yaml beside {checkpoint} (a run directory holds one): "
+            "pass the config that names the task"
+        )
     cfg = _load(config, set_)
-    from heterorl.evaluate import greedy_accuracy
-    from heterorl.policy import Policy
+    typer.echo(f"config: {config}" + (f" with {', '.join(set_)}" if set_ else ""))
+    from heterorl.evaluate import evaluate as run_eval
+    from heterorl.policy import Policy, SamplingParams, resolve_device
     from heterorl.tasks import make_task
 
     task = make_task(cfg.task)
-    policy = Policy.load(checkpoint)
-    acc = greedy_accuracy(policy, task, task.eval_set(), cfg.sampler.max_new_tokens)
-    typer.echo(f"{checkpoint}: held-out greedy accuracy {acc:.1%} on {len(task.eval_set())} {cfg.task.name} prompts")
+    policy = Policy.load(checkpoint, resolve_device(cfg.model.device), chat_template=cfg.task.chat_template)
+    problems = task.eval_set()
+    sampling = SamplingParams.from_config(cfg.sampler)
+    metrics = run_eval(policy, task, problems, cfg.eval, cfg.sampler.max_new_tokens, sampling, seed=cfg.seed)
+    acc = metrics["eval/accuracy"]
+    typer.echo(f"{checkpoint}: held-out greedy accuracy {acc:.1%} on {len(problems)} {cfg.task.name} prompts")
+    for line in format_eval(metrics):
+        typer.echo(line)
 
 
-@app.command()
+@app.command(cls=Command)
 def sweep(
     sweep_file: Annotated[Path, typer.Argument(help="Sweep YAML: base, name, grid, zip, seeds, set, workers.")],
     workers: Annotated[int | None, typer.Option("--workers", "-j", help="Parallel runs (default: the file's).")] = None,
@@ -230,7 +370,7 @@ def sweep(
     raise typer.Exit(sweep_command(sweep_file, workers, quiet))
 
 
-@app.command()
+@app.command(cls=Command)
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories or a sweep's output directory.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where report.md and the PNGs go.")] = Path("report"),
@@ -248,11 +388,13 @@ def report(
     report_command(run_dirs, out, baseline, group_by)
 
 
-sync_app = typer.Typer(no_args_is_help=True, help="PULSE weight sync: benchmark the codec, inspect a run's traffic.")
+sync_app = typer.Typer(
+    cls=Group, no_args_is_help=True, help="PULSE weight sync: benchmark the codec, inspect a run's traffic."
+)
 app.add_typer(sync_app, name="sync")
 
 
-@sync_app.command("bench")
+@sync_app.command("bench", cls=Command)
 def sync_bench(
     params: Annotated[float, typer.Option(help="Synthetic model size in parameters (e.g. 1e9).")] = 1e8,
     lr: Annotated[float, typer.Option(help="Step size of the synthetic lr * sign(g) update.")] = 1e-6,
@@ -286,13 +428,13 @@ def sync_bench(
         compare_checkpoints(a, b, level=level)
 
 
-@sync_app.command("inspect")
+@sync_app.command("inspect", cls=Command)
 def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
     """Per-version sparsity and weight traffic of a run (from its metrics.jsonl; version 0, the initial
     snapshot, is left out)."""
     from rich.table import Table
 
-    from heterorl.console import console
+    from heterorl.console import out
     from heterorl.metrics import read_metrics
 
     records = read_metrics(run_dir / "metrics.jsonl")
@@ -313,8 +455,8 @@ def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory."
         )
     sent, full = sum(r["sync/bytes"] for r in steps), sum(r["sync/full_bytes"] for r in steps)
     shares = [r["sync/changed_share"] for r in steps]
-    console.print(table)
-    console.print(
+    out.print(table)
+    out.print(
         f"total {sent / 1e6:.3f} MB sent vs {full / 1e6:.3f} MB of full weights ({full / max(sent, 1):.1f}x less); "
         f"changed share per version: mean {sum(shares) / len(shares):.4%}, max {max(shares):.4%}"
     )

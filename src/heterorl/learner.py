@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from heterorl.config import LearnerConfig, RunConfig
-from heterorl.lora import adapter_state, apply_lora, merged_state
+from heterorl.lora import adapter_state, apply_lora, enable_activation_checkpointing, merged_state
 from heterorl.microbatch import StatsAccumulator, loss_share
 from heterorl.objectives import group_advantages, objective_from_config
 from heterorl.objectives.overlong import overlong_penalty, truncated_completions
@@ -69,7 +69,7 @@ class Learner:
         model = policy.model
         model.train()
         if self.cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            enable_activation_checkpointing(model)
         self.shard = Sharding()
         self.train_policy = policy  # what forward passes go through
         self.train_module = model  # the module whose parameters train (with LoRA, the PEFT model)

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreT
 from transformers.utils import logging as transformers_logging
 
 from heterorl.config import ModelConfig, SamplerConfig
+from heterorl.errors import PathNotFoundError
 from heterorl.tokenizer import build_char_tokenizer
 
 T = TypeVar("T")
@@ -209,7 +210,7 @@ class Policy:
         """Load a transformers checkpoint directory (weights + tokenizer), computing in `dtype`."""
         path = Path(path)
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"model.path {str(path)!r} is not a transformers checkpoint (no config.json)")
+            raise PathNotFoundError(f"model.path {str(path)!r} is not a transformers checkpoint (no config.json)")
         tokenizer = AutoTokenizer.from_pretrained(path)
         tokenizer.padding_side = "left"
         if tokenizer.pad_token_id is None:

@@ -40,7 +40,7 @@ def test_answer_tag_extraction_and_the_unparsable_count() -> None:
     p = task.train_problems[0]
     assert task.score(p, f"think... <answer>0</answer> no, <answer> {p.answer} </answer>") == 1.0
     assert task.score(p, p.answer) == 0.0  # no tag
-    assert task.stats == {"checked": 2, "unparsable": 1}
+    assert task.stats() == {"checked": 2, "correct": 1, "unparsable": 1, "timeouts": 0}
     assert extract_answer(" 12 \n", None) == "12"
     assert extract_answer("<answer>1\n2</answer>", "answer") == "1\n2"
 

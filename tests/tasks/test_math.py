@@ -78,9 +78,9 @@ def test_empty_file_unknown_suffix_bad_json_and_empty_answer(tmp_path: Path, wri
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ValueError, match=r"task\.path: .*empty\.jsonl holds no records"):
         math_task(tmp_path / "empty.jsonl")
-    (tmp_path / "data.csv").write_text("problem,answer\n")
-    with pytest.raises(ValueError, match=r"suffix '\.csv'; supported: \.jsonl, \.parquet"):
-        math_task(tmp_path / "data.csv")
+    (tmp_path / "data.xlsx").write_text("problem,answer\n")
+    with pytest.raises(ValueError, match=r"suffix '\.xlsx'; supported: \.jsonl, \.json, \.csv, \.parquet"):
+        math_task(tmp_path / "data.xlsx")
     (tmp_path / "bad.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n{"problem": \n')
     with pytest.raises(ValueError, match=r"bad\.jsonl:2: not valid JSON"):
         math_task(tmp_path / "bad.jsonl")
@@ -120,7 +120,7 @@ def test_an_unparsable_completion_scores_zero_and_is_counted(math_small: Path) -
     assert task.score(Problem("p", "7"), "I do not know.") == 0.0
     assert task.score(Problem("p", "7"), "\\boxed{7}") == 1.0
     assert task.score(Problem("p", "7"), "\\boxed{6}") == 0.0
-    assert task.stats == {"checked": 3, "correct": 1, "unparsable": 1, "timeouts": 0}
+    assert task.stats() == {"checked": 3, "correct": 1, "unparsable": 1, "timeouts": 0}
 
 
 def test_every_reference_answer_scores_one_when_boxed(task: MathTask) -> None:
@@ -132,7 +132,7 @@ def test_a_check_over_the_deadline_scores_zero_and_is_counted(math_small: Path, 
     task = math_task(math_small, timeout_s=0.05)
     monkeypatch.setattr(task.grader, "_check", lambda answer, completion: _spin())
     assert task.score(Problem("p", "7"), "\\boxed{7}") == 0.0
-    assert task.stats["timeouts"] == 1
+    assert task.stats()["timeouts"] == 1
 
 
 def _spin() -> bool:

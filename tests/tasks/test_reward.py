@@ -23,7 +23,7 @@ def length(prompt, completion, answer, **info):
     return float(len(completion) == len(answer))
 
 def echo_info(prompt, completion, answer, **info):
-    return float(sorted(info) == ["record"] and info["record"]["answer"] == answer)
+    return float(sorted(info) == ["record", "source"] and info["record"]["answer"] == answer)
 
 def boom(prompt, completion, answer, **info):
     raise KeyError("no such thing")
@@ -89,7 +89,11 @@ def test_the_config_checks_the_path_format_and_make_task_loads_it() -> None:
 @pytest.mark.parametrize(
     ("fn", "message"),
     [
-        ("boom", rf"reward function {MODULE}:boom raised KeyError\('no such thing'\) on prompt '47\+85='"),
+        (
+            "boom",
+            rf"reward function {MODULE}:boom raised KeyError\('no such thing'\) at .*{MODULE}\.py:12 "
+            r"on prompt '47\+85='",
+        ),
         ("nan", rf"reward function {MODULE}:nan returned nan on prompt '47\+85='"),
         ("text", rf"reward function {MODULE}:text returned str '1\.0', not a real number"),
     ],
@@ -109,3 +113,23 @@ def test_tasks_implement_verify_not_score() -> None:
 
             def score(self, problem: Problem, completion: str) -> float:
                 return 0.0
+
+
+def test_a_reward_module_in_the_working_directory_is_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`heterorl run` from a directory holding my_rewards.py finds it without PYTHONPATH."""
+    here = tmp_path / "project"
+    here.mkdir()
+    (here / "cwd_rewards_for_test.py").write_text("def one(prompt, completion, answer, **info):\n    return 1.0\n")
+    monkeypatch.chdir(here)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(here))])
+    monkeypatch.delitem(sys.modules, "cwd_rewards_for_test", raising=False)
+    task = make_task(AdditionTaskConfig(reward="cwd_rewards_for_test:one"))
+    assert task.score(Problem("1+1=", "2"), "x") == 1.0
+    assert sys.path[-1] == str(here)  # appended: installed modules keep precedence
+
+
+def test_a_missing_module_names_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(ValueError, match=rf"not found in the working directory {tmp_path} or on sys.path"):
+        load_reward_fn("heterorl_nowhere:f")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
 import json
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +64,85 @@ class RunConfig(Strict):
 
 
 # --- loading
+def _unwrap(annotation: Any) -> list[Any]:
+    """The alternatives of an annotation: `X | None` -> [X], a union of models -> its members."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [alt for arg in typing.get_args(annotation) if arg is not type(None) for alt in _unwrap(arg)]
+    return [annotation]
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _tag(model: type[BaseModel]) -> set[Any]:
+    """The literal `name` / `kind` values a member of a discriminated union answers to."""
+    return {model.model_fields[f].default for f in ("name", "kind") if f in model.model_fields}
+
+
+def _candidates(loc: tuple[int | str, ...]) -> list[Any]:
+    """The annotations a validation error's location may point at: one model, or a union's members.
+
+    Locations hold field names, list indices and, inside a discriminated union, the chosen member's tag
+    (`("task", "math", "eval_fraction")`)."""
+    current: list[Any] = [RunConfig]
+    for part in loc:
+        step: list[Any] = []
+        for annotation in current:
+            if _is_model(annotation) and isinstance(part, str) and part in annotation.model_fields:
+                step += _unwrap(annotation.model_fields[part].annotation)
+            elif typing.get_origin(annotation) is list and isinstance(part, int):
+                step += _unwrap(typing.get_args(annotation)[0])
+        if not step:  # a union's tag: keep the member it names
+            step = [a for a in current if _is_model(a) and part in _tag(a)]
+        current = step
+    return current
+
+
+def model_at(loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The config section a validation error's location points into (None if it is not one section)."""
+    models = [a for a in _candidates(loc) if _is_model(a)]
+    return models[0] if len(models) == 1 else None
+
+
+def _tag_field(loc: tuple[int | str, ...]) -> str:
+    """The field (`name` / `kind`) that chooses among the union of sections at `loc`."""
+    models = [a for a in _candidates(loc) if _is_model(a)]
+    return next((f for f in ("name", "kind") if models and all(f in m.model_fields for m in models)), "name")
+
+
+def _suggestion(word: str, choices: list[str]) -> str:
+    """`; did you mean 'lr'?` for the closest choice, or the valid choices when none is close."""
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    return f" (valid: {', '.join(choices)})"
+
+
+def _message(e: Any) -> str:
+    """pydantic's message, with the closest valid name for a misspelt field or objective/task/delay name."""
+    if e["type"] == "extra_forbidden":
+        model = model_at(tuple(e["loc"][:-1]))
+        if model is not None:
+            return "unknown field" + _suggestion(str(e["loc"][-1]), list(model.model_fields))
+    if e["type"] == "union_tag_invalid":
+        tags = [t.strip().strip("'") for t in e["ctx"]["expected_tags"].split(",")]
+        return f"unknown value {e['ctx']['tag']!r}" + _suggestion(str(e["ctx"]["tag"]), tags)
+    return e["msg"]
+
+
+def _location(e: Any) -> str:
+    """The dotted location; an unknown union tag is reported at the discriminator field (`objective.name`)."""
+    loc = [str(p) for p in e["loc"]]
+    if e["type"] == "union_tag_invalid":  # the discriminator may be a field name or a function: name the field
+        loc.append(_tag_field(tuple(e["loc"])))
+    return ".".join(loc) or "<root>"
+
+
 def _format_error(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        lines.append(f"  {loc}: {e['msg']}")
+    lines = [f"  {_location(e)}: {_message(e)}" for e in err.errors()]
     return "invalid config:\n" + "\n".join(lines)
 
 

@@ -46,19 +46,63 @@ class ReversalTaskConfig(_TaskBase):
         return self
 
 
-class MathTaskConfig(_TaskBase):
-    """Problems with reference answers from a JSONL or parquet file; reward 1 when math-verify finds them equal."""
+HUB_PREFIX = "hf:"  # task.path `hf:openai/gsm8k`: a dataset on the Hugging Face Hub, read with `datasets`
+SOURCE_FIELDS = ("path", "split", "subset", "eval_path", "eval_split", "eval_fraction", "problem_field", "answer_field")
 
-    name: Literal["math"] = "math"
-    path: str = Field(..., min_length=1, description="JSONL or parquet file of problems.")
+
+class _MathSource(Strict):
+    """Where one set of problems comes from and how its held-out part is chosen."""
+
+    split: str = Field(
+        "train", min_length=1, description="Split of a dataset directory or Hub dataset (files have no splits)."
+    )
+    subset: str | None = Field(None, min_length=1, description="Hub dataset configuration, e.g. gsm8k's `main`.")
     eval_path: str | None = Field(
-        None, description="Separate file of held-out problems (its prompts are removed from training)."
+        None, description="Separate source of held-out problems (its prompts are removed from training)."
+    )
+    eval_split: str | None = Field(
+        None, min_length=1, description="Held-out problems from this split of the same dataset (e.g. `test`)."
     )
     eval_fraction: float = Field(
-        0.1, gt=0.0, lt=1.0, description="Share of `path` held out, chosen by prompt hash; unused with eval_path."
+        0.1, gt=0.0, lt=1.0, description="Share held out, chosen by prompt hash; unused with eval_path/eval_split."
     )
     problem_field: str = Field("problem", min_length=1, description="Record field holding the problem text.")
     answer_field: str = Field("answer", min_length=1, description="Record field holding the reference answer.")
+
+    @model_validator(mode="after")
+    def _one_eval_source(self) -> _MathSource:
+        if self.eval_path is not None and self.eval_split is not None:
+            raise ValueError("set eval_path or eval_split, not both")
+        return self
+
+
+class MathSourceConfig(_MathSource):
+    """One source of a mixture: its problems are drawn in proportion to `weight`, its held-out set is its own."""
+
+    path: str = Field(
+        ...,
+        min_length=1,
+        description="A .jsonl/.json/.parquet/.csv file, a `datasets` save_to_disk directory, or hf:<repo id>.",
+    )
+    name: str | None = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]+$", description="Name in per-source metrics; default: from the path."
+    )
+    weight: float = Field(1.0, gt=0.0, description="Relative share of training draws from this source.")
+
+
+class MathTaskConfig(_TaskBase, _MathSource):
+    """Problems with reference answers from files, `datasets` directories or the Hub, one source (`path`) or a
+    weighted mixture (`sources`); reward 1 when math-verify finds the answers equal."""
+
+    name: Literal["math"] = "math"
+    path: str | None = Field(
+        None,
+        min_length=1,
+        description="A .jsonl/.json/.parquet/.csv file, a `datasets` save_to_disk directory, or hf:<repo id>.",
+    )
+    sources: list[MathSourceConfig] = Field(
+        default_factory=list, description="A mixture of sources (instead of `path`), each with its own weight."
+    )
     prompt_template: str = Field(
         MATH_PROMPT_TEMPLATE, description="Prompt text; `{problem}` is replaced, other braces are literal."
     )
@@ -71,6 +115,27 @@ class MathTaskConfig(_TaskBase):
         if "{problem}" not in self.prompt_template:
             raise ValueError("prompt_template must contain {problem}")
         return self
+
+    @model_validator(mode="after")
+    def _path_or_sources(self) -> MathTaskConfig:
+        if self.path is None and not self.sources:
+            raise ValueError("set task.path (one source) or task.sources (a mixture)")
+        if self.sources:
+            # compared with the defaults, not `model_fields_set`: a resolved config.yaml writes every field
+            clash = sorted(f for f in SOURCE_FIELDS if getattr(self, f) != type(self).model_fields[f].default)
+            if clash:
+                raise ValueError(f"with task.sources, set {clash} inside each source, not on the task")
+            names = [s.name for s in self.sources if s.name is not None]
+            if len(set(names)) < len(names):
+                raise ValueError(f"source names must be distinct, got {names}")
+        return self
+
+    def source_configs(self) -> list[MathSourceConfig]:
+        """The sources: `sources`, or the one source the task's own fields describe."""
+        if self.sources:
+            return list(self.sources)
+        assert self.path is not None, "checked by _path_or_sources"
+        return [MathSourceConfig(**{f: getattr(self, f) for f in SOURCE_FIELDS})]
 
 
 class GymTaskConfig(_TaskBase):

@@ -93,7 +93,27 @@ class PretrainConfig(Strict):
 
 
 class EvalConfig(Strict):
-    every: int = Field(20, ge=1, description="Learner steps between held-out greedy evaluations.")
+    """Held-out evaluation: greedy accuracy always; with `samples` = k > 0 also pass@k and maj@k over completions
+    sampled at the sampler's temperature / top-k / top-p (heterorl.evaluate)."""
+
+    every: int = Field(20, ge=1, description="Learner steps between held-out evaluations.")
+    samples: int = Field(0, ge=0, le=1024, description="k of pass@k and maj@k (sampled completions); 0: greedy only.")
+    samples_drawn: int | None = Field(
+        None, ge=1, le=4096, description="n >= k completions drawn per prompt for the unbiased pass@k; default k."
+    )
+
+    @model_validator(mode="after")
+    def _enough_samples(self) -> EvalConfig:
+        if self.samples_drawn is not None and self.samples_drawn < self.samples:
+            raise ValueError(f"samples_drawn {self.samples_drawn} must be >= samples {self.samples}")
+        if self.samples_drawn is not None and self.samples == 0:
+            raise ValueError("samples_drawn needs samples (k) > 0")
+        return self
+
+    @property
+    def n_drawn(self) -> int:
+        """Completions sampled per prompt (n)."""
+        return self.samples_drawn or self.samples
 
 
 class CheckpointConfig(Strict):
@@ -108,10 +128,14 @@ class CheckpointConfig(Strict):
 
 
 class MetricsConfig(Strict):
-    """Metric sinks besides metrics.jsonl (always written), filled from it when the run ends."""
+    """Metric sinks besides metrics.jsonl (always written), with the same keys."""
 
     tensorboard: bool = Field(False, description="Write TensorBoard event files to <run_dir>/tensorboard.")
-    wandb: bool = Field(False, description="Log an offline W&B run under <run_dir>/wandb (`wandb sync` later).")
+    wandb: bool = Field(False, description="Log the run to Weights & Biases (files under <run_dir>/wandb).")
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline",
+        description="offline: files only, `wandb sync` later; online: to the W&B server (needs a key and network).",
+    )
     wandb_project: str = Field("heterorl", min_length=1, description="W&B project name.")
 
 

@@ -1,4 +1,8 @@
-"""`heterorl report`: make the report and print its summary table and where report.md is."""
+"""`heterorl report`: make the report and print its summary table and where report.md is.
+
+The table and the report's path are results (stdout); run directories left out and errors are warnings
+(stderr), one line each.
+"""
 
 from __future__ import annotations
 
@@ -16,17 +20,23 @@ def report_command(run_dirs: list[Path], out: Path, baseline: str | None, group_
     from rich.table import Table
 
     from heterorl.console import console
+    from heterorl.console import out as stdout
 
     try:
         result = make_report(run_dirs, out, group_by=group_by, baseline=baseline)
     except ReportError as exc:
         console.print(str(exc), style="red", markup=False)
         raise typer.Exit(2) from None
+    for skipped in result.skipped:
+        console.print(f"skipped {skipped.path}: {skipped.reason}", style="yellow", markup=False, soft_wrap=True)
+    for path in result.unfinished:
+        console.print(f"skipped {path}: unfinished (no summary.json)", style="yellow", markup=False, soft_wrap=True)
     table = Table(title="heterorl report", title_justify="left")
-    for column in ("group", "seeds", "best acc %", "last acc %", "staleness"):
-        table.add_column(column)
+    table.add_column("group", overflow="fold")  # a name is what tells the rows apart: wrap it, never cut it
+    for column in ("seeds", "best acc %", "last acc %", "staleness"):
+        table.add_column(column, no_wrap=True)
     if baseline:
-        table.add_column("Δ best (pts)")
+        table.add_column("Δ best (pts)", no_wrap=True)
     for g in result.groups:
         s = g.stats
         row = [
@@ -37,7 +47,5 @@ def report_command(run_dirs: list[Path], out: Path, baseline: str | None, group_
             f"{s['staleness_mean'].mean:.2f}",
         ]
         table.add_row(*row, *([f"{g.best_delta * 100:+.1f}"] if baseline else []))
-    console.print(table)
-    if result.unfinished:
-        console.print(f"{len(result.unfinished)} unfinished runs left out", style="yellow")
-    console.print(f"report: {result.report_md}", soft_wrap=True)  # one line, so it can be copied
+    stdout.print(table)
+    stdout.print(f"report: {result.report_md}", soft_wrap=True)  # one line, so it can be copied

@@ -12,14 +12,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heterorl.report.labels import format_value
 from heterorl.report.plots import plot_all, staleness_counts
 from heterorl.report.runs import (
     Group,
+    Grouping,
     ReportError,
     RunData,
     baseline_for,
     find_run_dirs,
-    format_value,
     group_runs,
     load_run,
 )
@@ -37,15 +38,24 @@ NOTES = """\
 """
 
 
+@dataclass(frozen=True)
+class Skipped:
+    """A run directory left out of the report because it cannot be read (a run that failed before training)."""
+
+    path: Path
+    reason: str
+
+
 @dataclass
 class ReportResult:
-    """Where the report went and its numbers (the groups in table order)."""
+    """Where the report went and its numbers (the groups in table order); the run directories left out."""
 
     report_md: Path
     report_json: Path
     plots: dict[str, Path]
     groups: list[GroupStats]
     unfinished: list[Path] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
 
 
 def _pct(stat: Stat) -> str:
@@ -125,15 +135,16 @@ def runs_table(groups: list[Group], out: Path) -> list[str]:
 
 
 def render(
-    groups: list[Group],
+    grouping: Grouping,
     stats: list[GroupStats],
-    keys: list[str],
     plots: dict[str, Path],
     out: Path,
     baseline: str | None,
     unfinished: list[Path],
+    skipped: list[Skipped],
 ) -> str:
     """report.md: what was compared, the tables, the figures (relative paths) and the definitions."""
+    groups, keys = grouping.groups, grouping.keys
     n_runs = sum(len(g.runs) for g in groups)
     lines = [
         "# heterorl report",
@@ -142,6 +153,8 @@ def render(
         + (", ".join(f"`{k}`" for k in keys) or "nothing (one group)")
         + ("; runs within a group differ only by `seed`." if keys else "."),
     ]
+    if grouping.unlisted:
+        lines.append(f"Group names leave out the values most groups share: `{grouping.unlisted}`.")
     if baseline:
         lines.append(f"Baseline: `{baseline}`.")
     lines += ["", "## Summary", "", *summary_table(stats, baseline is not None), ""]
@@ -160,6 +173,8 @@ def render(
     lines += ["## Runs", "", *runs_table(groups, out), ""]
     if unfinished:
         lines += ["Unfinished (no summary.json; left out): " + ", ".join(f"`{p}`" for p in unfinished), ""]
+    if skipped:
+        lines += ["Unusable (left out): " + "; ".join(f"`{s.path}`: {s.reason}" for s in skipped), ""]
     lines += ["## Notes", "", NOTES.format(baseline=baseline or "--baseline KEY=VALUE")]
     return "\n".join(lines)
 
@@ -198,13 +213,23 @@ def make_report(
     compare them with the `baseline` group (`KEY=VALUE`) if given, and write figures, report.md and report.json
     into `out`. A path may also be a directory of run directories (a sweep's `out`)."""
     paths = find_run_dirs([Path(p) for p in run_dirs])
-    loaded = [load_run(p) for p in paths]
-    runs: list[RunData] = [r for r in loaded if r.summary is not None]
+    loaded: list[RunData] = []
+    skipped: list[Skipped] = []
+    for path in paths:
+        try:
+            loaded.append(load_run(path))
+        except ReportError as exc:  # the leftovers of a run that failed early: reported, not fatal
+            skipped.append(Skipped(path, str(exc)))
+    runs = [r for r in loaded if r.summary is not None]
     unfinished = [r.path for r in loaded if r.summary is None]
     if not runs:
-        raise ReportError(f"no finished run (with summary.json) among {len(paths)} run directories")
+        raise ReportError(
+            f"no finished run (with summary.json) among {len(paths)} run directories"
+            + (f"; unusable: {'; '.join(s.reason for s in skipped)}" if skipped else "")
+        )
     keys_by = [k.strip() for k in group_by.split(",") if k.strip()] if group_by else None
-    groups, keys = group_runs(runs, keys_by)
+    grouping = group_runs(runs, keys_by)
+    groups = grouping.groups
     stats = [group_stats(g) for g in groups]
     if baseline:
         refs = baseline_for(groups, baseline)
@@ -213,9 +238,9 @@ def make_report(
         order = sorted(range(len(groups)), key=lambda i: stats[i].baseline != stats[i].name)  # baselines first
         groups, stats = [groups[i] for i in order], [stats[i] for i in order]
     out.mkdir(parents=True, exist_ok=True)
-    plots = plot_all(groups, out)
+    plots = plot_all(groups, out, grouping.unlisted)
     report_md = out / "report.md"
-    report_md.write_text(render(groups, stats, keys, plots, out, baseline, unfinished))
+    report_md.write_text(render(grouping, stats, plots, out, baseline, unfinished, skipped))
     report_json = out / "report.json"
     report_json.write_text(json.dumps(_json_ready(stats, groups), indent=2, default=str))
-    return ReportResult(report_md, report_json, plots, stats, unfinished)
+    return ReportResult(report_md, report_json, plots, stats, unfinished, skipped)

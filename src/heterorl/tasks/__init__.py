@@ -1,16 +1,17 @@
 """Task registry: config `name` -> task class, and the custom-reward hook every task shares.
 
-The math and gym tasks import their optional dependencies (math-verify, reasoning-gym, pyarrow) only when built.
+The math and gym tasks import their optional dependencies (math-verify, reasoning-gym, pyarrow, datasets) only
+when built.
 """
 
 from __future__ import annotations
 
 from heterorl.tasks.addition import AdditionTask
-from heterorl.tasks.base import Problem, Task
+from heterorl.tasks.base import Check, Problem, Task, stats_delta
 from heterorl.tasks.gym import GymTask
 from heterorl.tasks.math import MathTask
 from heterorl.tasks.reversal import ReversalTask
-from heterorl.tasks.reward import CustomReward, RewardError
+from heterorl.tasks.reward import CustomReward, RewardError, RewardPathError
 
 TASKS: dict[str, type[Task]] = {
     "addition": AdditionTask,
@@ -34,4 +35,14 @@ def make_task(cfg) -> Task:  # cfg: heterorl.config.TaskConfig
     return task
 
 
-__all__ = ["TASKS", "CustomReward", "Problem", "RewardError", "Task", "make_task"]
+__all__ = [
+    "TASKS",
+    "Check",
+    "CustomReward",
+    "Problem",
+    "RewardError",
+    "RewardPathError",
+    "Task",
+    "make_task",
+    "stats_delta",
+]

@@ -1,13 +1,19 @@
 """What a task is: a seeded stream of training problems, a disjoint held-out set, and a verifier.
 
-`verify` is the task's own exact check (what held-out accuracy measures). `score` is the training reward: the
-verifier, unless a custom reward function was configured (`task.reward`, see `heterorl.tasks.reward`), in which
-case that function replaces it for every task alike.
+`verify` is the task's own exact check (what held-out accuracy measures); `check` is the same verdict with what
+it saw: whether an answer could be read at all, and that answer (for majority votes). `score` is the training
+reward: the verifier, unless a custom reward function was configured (`task.reward`, see
+`heterorl.tasks.reward`), in which case that function replaces it for every task alike.
+
+`stats()` counts the verifier's training verdicts (checked, correct, unparsable, timeouts), so that a policy
+whose answers cannot be read (reward 0 for a reason no reward curve shows) is visible in the metrics.
+Evaluation calls `check`, which counts nothing: the counters describe the training data alone.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +36,33 @@ class Problem:
     info: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
+@dataclass(frozen=True)
+class Check:
+    """One verdict. `score` in [0, 1]; `parsed`: an answer could be read from the completion (False means a 0
+    for want of an answer, not for a wrong one); `timed_out`: the check ran past its time limit; `answer`: the
+    answer read, in a canonical text form (equal answers, equal text as far as the task can tell), or None."""
+
+    score: float
+    parsed: bool = True
+    timed_out: bool = False
+    answer: str | None = None
+
+
+STAT_KEYS = ("checked", "correct", "unparsable", "timeouts")
+
+
+def stats_delta(now: Mapping[str, int], before: Mapping[str, int]) -> dict[str, float]:
+    """`task/*` metrics for the verdicts between two `Task.stats()` snapshots: the counts, and the shares
+    `task/unparsable_frac` and `task/correct_frac` of the verdicts checked in between (0 when none was)."""
+    delta = {k: now.get(k, 0) - before.get(k, 0) for k in STAT_KEYS}
+    checked = delta["checked"]
+    return {
+        **{f"task/{k}": float(v) for k, v in delta.items()},
+        "task/unparsable_frac": delta["unparsable"] / checked if checked else 0.0,
+        "task/correct_frac": delta["correct"] / checked if checked else 0.0,
+    }
+
+
 class Task(ABC):
     """A verifiable task. Subclasses implement `_draw` (one random problem) and `verify`.
 
@@ -38,6 +71,7 @@ class Task(ABC):
     """
 
     name: str
+    parses_answers = False  # True where a completion may hold no readable answer (math, tagged gym answers)
     _EVAL_SEED = 1_000_003
 
     def __init__(self, eval_size: int) -> None:
@@ -45,6 +79,8 @@ class Task(ABC):
         self._eval: list[Problem] | None = None
         # Set by `make_task` from `task.reward`; None keeps the verifier as the reward.
         self.custom_reward: CustomReward | None = None
+        self._stats = dict.fromkeys(STAT_KEYS, 0)
+        self._stats_lock = threading.Lock()  # samplers may score from worker threads
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -60,11 +96,28 @@ class Task(ABC):
     def verify(self, problem: Problem, completion: str) -> float:
         """The task's own check of a completion (text before end-of-sequence) for `problem`, in [0, 1]."""
 
+    def check(self, problem: Problem, completion: str) -> Check:
+        """The verdict with what it saw; tasks that read an answer out of the completion override it. The
+        default: `verify`, the whole completion stripped as the answer."""
+        return Check(self.verify(problem, completion), answer=completion.strip())
+
     def score(self, problem: Problem, completion: str) -> float:
-        """Training reward: the custom reward function when configured, else `verify`."""
+        """Training reward: the custom reward function when configured, else the verifier's verdict (counted)."""
         if self.custom_reward is not None:
             return self.custom_reward(problem, completion)
-        return self.verify(problem, completion)
+        verdict = self.check(problem, completion)
+        with self._stats_lock:
+            self._stats["checked"] += 1
+            self._stats["correct"] += verdict.score >= 1.0
+            self._stats["unparsable"] += not verdict.parsed
+            self._stats["timeouts"] += verdict.timed_out
+        return verdict.score
+
+    def stats(self) -> dict[str, int]:
+        """Counts of the verifier's training verdicts so far (a copy): checked, correct (full score), unparsable
+        (no answer could be read), timeouts. A custom reward replaces the verifier, so it counts nothing."""
+        with self._stats_lock:
+            return dict(self._stats)
 
     @property
     def max_problems(self) -> int | None:

@@ -1,9 +1,12 @@
-"""Tasks over a fixed list of problems (a data file, a generated dataset) with a deterministic held-out split.
+"""Tasks over fixed lists of problems (data files, a generated dataset) with a deterministic held-out split.
 
 The split is by a content hash of the prompt, not by file position or the run seed: the same problems give the
 same held-out set in every run, whatever their order in the file, and most problems keep their side of the split
 when a dataset grows. All held-out problems are excluded from training; `eval_size` only caps how many of them an
-evaluation uses, so changing it never changes the training data.
+evaluation uses (per source), so changing it never changes the training data.
+
+A task may have several sources (a mixture): a training draw first picks a source with probability proportional
+to its weight, then a problem of that source uniformly, both from the stream's one seeded generator.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
 
+from heterorl.errors import DataError
 from heterorl.tasks.base import Problem, Task
 
 
@@ -34,7 +39,7 @@ def split_by_hash(problems: list[Problem], fraction: float) -> tuple[list[Proble
     Both sides keep at least one problem; `problems` must have distinct prompts (see `dedupe`).
     """
     if len(problems) < 2:
-        raise ValueError(f"need at least 2 distinct problems to hold some out, got {len(problems)}")
+        raise DataError(f"need at least 2 distinct problems to hold some out, got {len(problems)}")
     ranked = sorted(problems, key=lambda p: prompt_key(p.prompt))
     n_held = min(max(round(fraction * len(ranked)), 1), len(ranked) - 1)
     return ranked[n_held:], ranked[:n_held]
@@ -46,30 +51,57 @@ def remove_prompts(problems: list[Problem], held_out: list[Problem]) -> list[Pro
     return [p for p in problems if p.prompt not in banned]
 
 
-class FiniteTask(Task):
-    """Draws training problems uniformly from a fixed list; evaluates on a disjoint fixed list.
+@dataclass
+class SourceSplit:
+    """One source's problems: `train` and `held_out` have distinct prompts; `weight` is its share of draws."""
 
-    Subclasses build the two lists (distinct prompts, no prompt in both) and implement `verify`.
+    name: str
+    train: list[Problem]
+    held_out: list[Problem]
+    weight: float = 1.0
+
+
+class FiniteTask(Task):
+    """Draws training problems from fixed lists (one per source); evaluates on disjoint fixed lists.
+
+    Subclasses build the sources and implement `verify`.
     """
 
-    def __init__(self, eval_size: int, train: list[Problem], held_out: list[Problem]) -> None:
+    def __init__(self, eval_size: int, sources: list[SourceSplit]) -> None:
         super().__init__(eval_size)
-        if not train:
-            raise ValueError(f"{self.name}: no training problems left after holding out the evaluation set")
-        if not held_out:
-            raise ValueError(f"{self.name}: no held-out problems")
-        overlap = {p.prompt for p in train} & {p.prompt for p in held_out}
-        assert not overlap, f"{len(overlap)} prompts are both training and held-out problems"
-        self.train_problems = train
-        self.held_out_problems = held_out
+        if not sources:
+            raise ValueError(f"{self.name}: no data sources")
+        banned = {p.prompt for s in sources for p in s.held_out}  # no source trains on another's held-out prompt
+        self.sources = [
+            SourceSplit(s.name, [p for p in s.train if p.prompt not in banned], s.held_out, s.weight) for s in sources
+        ]
+        for s in self.sources:
+            where = f"{self.name}" + (f" source {s.name!r}" if len(sources) > 1 else "")
+            if not s.train:
+                raise DataError(f"{where}: no training problems left after holding out the evaluation set")
+            if not s.held_out:
+                raise DataError(f"{where}: no held-out problems")
+        self._weights = [s.weight for s in self.sources]
+
+    @property
+    def train_problems(self) -> list[Problem]:
+        return [p for s in self.sources for p in s.train]
+
+    @property
+    def held_out_problems(self) -> list[Problem]:
+        return [p for s in self.sources for p in s.held_out]
 
     @property
     def max_problems(self) -> int:
         return len(self.train_problems) + len(self.held_out_problems)
 
     def _draw(self, rng: random.Random) -> Problem:
-        return rng.choice(self.train_problems)
+        if len(self.sources) == 1:  # one source: one draw per problem, as a plain list
+            return rng.choice(self.sources[0].train)
+        source = rng.choices(self.sources, weights=self._weights)[0]
+        return rng.choice(source.train)
 
     def eval_set(self) -> list[Problem]:
-        """The first `eval_size` held-out problems (in hash order: deterministic, independent of file order)."""
-        return self.held_out_problems[: self.eval_size]
+        """The first `eval_size` held-out problems of each source (in hash order: deterministic, independent of
+        file order), source after source."""
+        return [p for s in self.sources for p in s.held_out[: self.eval_size]]

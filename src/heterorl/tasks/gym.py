@@ -7,16 +7,17 @@ training stream) and split into training and held-out problems by prompt hash. T
 Answer extraction: with `task.answer_tag` unset the whole completion, stripped, is the answer (suits a policy
 trained to answer directly); with `answer_tag: answer` it is the text inside the last `<answer>...</answer>`
 (reasoning-gym's own convention), and a completion without one scores 0 and is counted as unparsable.
+`check` reports the extracted answer as given (reasoning-gym scorers compare text, so no canonical form).
 """
 
 from __future__ import annotations
 
 import re
-import threading
 from typing import TYPE_CHECKING, Any
 
-from heterorl.tasks.base import Problem
-from heterorl.tasks.finite import FiniteTask, dedupe, split_by_hash
+from heterorl.errors import DataError, MissingDependencyError
+from heterorl.tasks.base import Check, Problem
+from heterorl.tasks.finite import FiniteTask, SourceSplit, dedupe, split_by_hash
 
 if TYPE_CHECKING:
     from heterorl.config import GymTaskConfig
@@ -26,7 +27,7 @@ def _import_reasoning_gym() -> Any:
     try:
         import reasoning_gym
     except ImportError as exc:
-        raise ImportError("the gym task needs reasoning-gym: pip install reasoning-gym") from exc
+        raise MissingDependencyError("the gym task needs reasoning-gym: pip install reasoning-gym") from exc
     return reasoning_gym
 
 
@@ -34,11 +35,11 @@ def create_dataset(name: str, seed: int, size: int, options: dict[str, Any]) -> 
     """`reasoning_gym.create_dataset` with errors that name the config field at fault."""
     rg = _import_reasoning_gym()
     if name not in rg.factory.DATASETS:
-        raise ValueError(f"task.dataset: unknown reasoning-gym dataset {name!r}; valid: {sorted(rg.factory.DATASETS)}")
+        raise DataError(f"task.dataset: unknown reasoning-gym dataset {name!r}; valid: {sorted(rg.factory.DATASETS)}")
     try:
         return rg.create_dataset(name, seed=seed, size=size, **options)
     except (TypeError, ValueError, AssertionError) as exc:  # unknown option / failed config.validate() assert
-        raise ValueError(f"task.dataset_options: invalid for {name!r}: {exc}") from exc
+        raise DataError(f"task.dataset_options: invalid for {name!r}: {exc}") from exc
 
 
 def extract_answer(completion: str, tag: str | None) -> str | None:
@@ -50,7 +51,7 @@ def extract_answer(completion: str, tag: str | None) -> str | None:
 
 
 class GymTask(FiniteTask):
-    """One reasoning-gym dataset; `stats` counts checked and unparsable (no answer tag) completions."""
+    """One reasoning-gym dataset; with `answer_tag`, a completion without the tag is unparsable (`stats()`)."""
 
     name = "gym"
 
@@ -58,10 +59,9 @@ class GymTask(FiniteTask):
         self.dataset = create_dataset(cfg.dataset, cfg.seed, cfg.size, cfg.dataset_options)
         problems = dedupe(self._problem(entry, cfg.prompt_template) for entry in self.dataset)
         train, held_out = split_by_hash(problems, cfg.eval_fraction)
-        super().__init__(cfg.eval_size, train, held_out)
+        super().__init__(cfg.eval_size, [SourceSplit(cfg.dataset, train, held_out)])
         self.answer_tag = cfg.answer_tag
-        self.stats: dict[str, int] = {"checked": 0, "unparsable": 0}
-        self._lock = threading.Lock()
+        self.parses_answers = cfg.answer_tag is not None
 
     @staticmethod
     def _problem(entry: dict[str, Any], template: str) -> Problem:
@@ -69,11 +69,11 @@ class GymTask(FiniteTask):
         answer = "" if entry["answer"] is None else str(entry["answer"])
         return Problem(prompt=template.replace("{question}", entry["question"]), answer=answer, info={"entry": entry})
 
-    def verify(self, problem: Problem, completion: str) -> float:
+    def check(self, problem: Problem, completion: str) -> Check:
         answer = extract_answer(completion, self.answer_tag)
-        with self._lock:
-            self.stats["checked"] += 1
-            self.stats["unparsable"] += answer is None
         if answer is None:
-            return 0.0
-        return float(self.dataset.score_answer(answer, problem.info["entry"]))
+            return Check(0.0, parsed=False)
+        return Check(float(self.dataset.score_answer(answer, problem.info["entry"])), answer=answer)
+
+    def verify(self, problem: Problem, completion: str) -> float:
+        return self.check(problem, completion).score

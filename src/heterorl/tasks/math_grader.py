@@ -11,12 +11,11 @@ timers, so they are switched off and each check (parse + compare) runs under `ca
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
+from heterorl.errors import DataError, MissingDependencyError
+from heterorl.tasks.base import Check
 from heterorl.tasks.deadline import DeadlineExceeded, call_with_deadline
-
-STAT_KEYS = ("checked", "correct", "unparsable", "timeouts")
 
 
 class _DropTimeoutDisabledWarning(logging.Filter):
@@ -30,7 +29,7 @@ def _import_math_verify() -> Any:
     try:
         import math_verify
     except ImportError as exc:
-        raise ImportError("the math task needs math-verify: pip install math-verify") from exc
+        raise MissingDependencyError("the math task needs math-verify: pip install math-verify") from exc
     for name in ("math_verify.parser", "math_verify.grader"):
         log = logging.getLogger(name)
         if not any(isinstance(f, _DropTimeoutDisabledWarning) for f in log.filters):
@@ -39,11 +38,9 @@ def _import_math_verify() -> Any:
 
 
 class MathGrader:
-    """`grade(answer, completion)` -> 1.0 if equivalent else 0.0; `stats` counts outcomes (thread-safe).
-
-    stats: checked (every call), correct, unparsable (no answer could be extracted from the completion: reward 0),
-    timeouts (the check ran past `timeout_s`: reward 0).
-    """
+    """`check(answer, completion)` -> a `Check`: score 1.0 if equivalent else 0.0, whether an answer could be
+    extracted, whether the check ran past `timeout_s`, and the extracted answer in sympy's canonical text
+    (`0.5`, `\\frac{1}{2}` and `2/4` all read `1/2`). Safe to call from any thread."""
 
     def __init__(self, timeout_s: float) -> None:
         if timeout_s <= 0:
@@ -53,13 +50,7 @@ class MathGrader:
         self._gold_config = [mv.LatexExtractionConfig(), mv.ExprExtractionConfig()]
         self._pred_config = [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()]
         self.timeout_s = timeout_s
-        self.stats: dict[str, int] = dict.fromkeys(STAT_KEYS, 0)
-        self._lock = threading.Lock()
         self._gold: dict[str, list[Any]] = {}  # answer text -> parsed (sympy objects are immutable: shareable)
-
-    def _count(self, key: str) -> None:
-        with self._lock:
-            self.stats[key] += 1
 
     def parse_gold(self, answer: str) -> list[Any]:
         """The parsed reference answer (cached); a reference math-verify cannot read is a data error."""
@@ -67,28 +58,20 @@ class MathGrader:
         if gold is None:
             gold = self._parse(f"\\boxed{{{answer}}}", self._gold_config, parsing_timeout=None)
             if not gold:
-                raise ValueError(f"math-verify cannot parse the reference answer {answer!r}")
+                raise DataError(f"math-verify cannot parse the reference answer {answer!r}")
             self._gold[answer] = gold
         return gold
 
-    def _check(self, answer: str, completion: str) -> bool | None:
-        """True/False for (in)equivalent, None when nothing could be extracted from the completion."""
+    def _check(self, answer: str, completion: str) -> Check:
         gold = self.parse_gold(answer)
         pred = self._parse(completion, self._pred_config, parsing_timeout=None)
         if not pred:
-            return None
-        return bool(self._verify(gold, pred, timeout_seconds=None))
+            return Check(0.0, parsed=False)
+        ok = bool(self._verify(gold, pred, timeout_seconds=None))
+        return Check(1.0 if ok else 0.0, answer=str(pred[0]))
 
-    def grade(self, answer: str, completion: str) -> float:
-        self._count("checked")
+    def check(self, answer: str, completion: str) -> Check:
         try:
-            ok = call_with_deadline(lambda: self._check(answer, completion), self.timeout_s)
+            return call_with_deadline(lambda: self._check(answer, completion), self.timeout_s)
         except DeadlineExceeded:
-            self._count("timeouts")
-            return 0.0
-        if ok is None:
-            self._count("unparsable")
-            return 0.0
-        if ok:
-            self._count("correct")
-        return 1.0 if ok else 0.0
+            return Check(0.0, timed_out=True)
