@@ -13,7 +13,14 @@ from typing import Any
 
 from heterorl.config import RunConfig
 from heterorl.console import Bar, console, progress_bar
-from heterorl.loop.build import build_learner, build_sampler, build_task, configure_torch, resolve_base_model
+from heterorl.loop.build import (
+    build_learner,
+    build_sampler,
+    build_task,
+    check_sinks,
+    configure_torch,
+    resolve_base_model,
+)
 from heterorl.loop.distributed import attach
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.loop.recorder import Observer, RunRecorder
@@ -46,9 +53,10 @@ def execute(
     the summary (also in summary.json). `observer` sees every record and may ask the run to finish early."""
     wall_start = time.monotonic()
     run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite)
+    check_sinks(cfg)
     configure_torch(cfg)
     base, pretrain_info = resolve_base_model(cfg, show_progress)
-    with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
+    with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress, log_path=run_dir / "run.log") as bar:
         cluster = build_simulated(cfg, run_dir, base, bar)
         if cluster.warning is not None:
             console.print(f"[yellow]warning:[/yellow] {cluster.warning}")

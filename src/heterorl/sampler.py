@@ -20,6 +20,8 @@ from heterorl.policy import Policy, SamplingParams, TextFormat, run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.tasks import Problem, Task
 
+VERDICT_INFO = ("unparsable", "timeouts")  # the verifier's counts a group reports (`RolloutGroup.info`)
+
 
 class Sampler:
     """Generates `RolloutGroup`s with the weights it was last given."""
@@ -98,7 +100,14 @@ class Sampler:
                 self.text, self.engine, gen, [p for p in problems for _ in range(G)], self.params
             )
         texts = self.text.decode_completions(gen.completion_ids_NL, gen.completion_mask_NL)
-        rewards = torch.tensor([self.task.score(problems[i // G], t) for i, t in enumerate(texts)])
+        scored: list[float] = []
+        verdicts: list[dict[str, int]] = []  # per group: answers the verifier could not read, checks that timed out
+        for k, problem in enumerate(problems):
+            before = self.task.stats()
+            scored += [self.task.score(problem, t) for t in texts[k * G : (k + 1) * G]]
+            after = self.task.stats()
+            verdicts.append({key: after[key] - before[key] for key in VERDICT_INFO} if after["checked"] else {})
+        rewards = torch.tensor(scored)
         if self.frictions is not None:
             rewards = self.frictions.corrupt_rewards(rewards)
         groups = []
@@ -106,7 +115,9 @@ class Sampler:
             rows = slice(k * G, (k + 1) * G)
             mask_GL = gen.completion_mask_NL[rows].cpu()
             width = max(int(mask_GL.sum(1).max()), 1)  # trim the group's padding
-            info = {} if self.frictions is None else {k: int(h[rows].sum()) for k, h in self.frictions.hits.items()}
+            info = dict(verdicts[k])
+            if self.frictions is not None:
+                info.update({kind: int(hit[rows].sum()) for kind, hit in self.frictions.hits.items()})
             self._groups_made += 1
             groups.append(
                 RolloutGroup(

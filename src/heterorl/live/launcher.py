@@ -153,7 +153,7 @@ def run_live(
             procs.start(name, args, live_dir / f"{name}.log")
         _wait_for_url(address, procs, cfg.live.startup_timeout_s)
         learner = procs.procs["learner"][0]
-        with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
+        with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress, log_path=run_dir / "run.log") as bar:
             follower = MetricsFollower(run_dir / "metrics.jsonl", bar, observer)
             if observer is not None:
                 observer.started()

@@ -27,7 +27,7 @@ from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
-from heterorl.loop.build import build_learner, build_task, configure_torch, resolve_base_model
+from heterorl.loop.build import build_learner, build_task, check_sinks, configure_torch, resolve_base_model
 from heterorl.loop.distributed import attach
 from heterorl.loop.journal import Journal, segment_indices
 from heterorl.loop.learner_loop import LearnerLoop, published_stats
@@ -196,6 +196,7 @@ def serve_learner(
     run_dir: str | Path | None = None,
     resume: bool = False,
     show_progress: bool = True,
+    progress_log: bool = True,
 ) -> dict[str, Any] | None:
     """Run the learner service until `learner.steps` (-> the summary, also in summary.json) or a stop signal
     (-> None; the state is saved and `resume=True` continues it)."""
@@ -213,9 +214,11 @@ def serve_learner(
     (run_dir / "live").mkdir(exist_ok=True)
     address = run_dir / "live" / "learner.json"
     address.unlink(missing_ok=True)
+    check_sinks(cfg)
     configure_torch(cfg)
     base, pretrain_info = resolve_base_model(cfg, show_progress)
-    with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
+    log = run_dir / "run.log" if progress_log else None  # under `run --live` the launcher writes run.log
+    with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress, log_path=log) as bar:
         live = open_learner(cfg, run_dir, base, resume=resume, bar=bar)
         live.loop.extra = {"base_model": str(base), "pretrain": pretrain_info, "clock": "wall"}
         live.loop.start()  # the initial evaluation (fresh runs) and the current version's publication

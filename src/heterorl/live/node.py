@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "learner":
         from heterorl.live.learner_node import serve_learner
 
-        serve_learner(cfg, args.listen, args.run_dir, args.resume, show_progress=args.progress)
+        serve_learner(cfg, args.listen, args.run_dir, args.resume, show_progress=args.progress, progress_log=False)
     else:
         from heterorl.live.sampler_node import run_sampler
 

@@ -29,6 +29,14 @@ def configure_torch(cfg: RunConfig) -> None:
     torch.manual_seed(cfg.seed)
 
 
+def check_sinks(cfg: RunConfig) -> None:
+    """Fail before any work when an asked-for metric sink cannot work (W&B online without a key or a server)."""
+    if cfg.metrics.wandb:
+        from heterorl.sinks import wandb_preflight
+
+        wandb_preflight(cfg.metrics.wandb_mode)
+
+
 def sampler_seed(seed: int, index: int) -> int:
     """Independent, reproducible stream per sampler (prompts and sampling)."""
     return seed * 1_000_003 + 7919 * (index + 1)

@@ -36,6 +36,7 @@ from heterorl.loop.staleness import Admission, RolloutBuffer, staleness_window
 from heterorl.loop.state import SavedState, save_learner_state
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits
+from heterorl.sampler import VERDICT_INFO
 from heterorl.weights import Published
 
 
@@ -167,7 +168,7 @@ class LearnerLoop:
 
     def train(self, taken: Taken) -> StepResult:
         """advantages -> objective -> optimizer step(s) -> version + 1 (`Learner.train_step`)."""
-        stats = {**self.learner.train_step(taken.groups), **taken.stale_stats}
+        stats = {**self.learner.train_step(taken.groups), **taken.stale_stats, **verdict_stats(taken.groups)}
         return StepResult(stats, sum(g.num_tokens for g in taken.groups))
 
     def commit(self, result: StepResult, busy_seconds: float) -> dict[str, Any]:
@@ -302,6 +303,15 @@ class LearnerLoop:
         self.resumes = int(x["resumes"]) + 1
         self.needs_initial_eval = False
         return queued
+
+
+def verdict_stats(groups: list[RolloutGroup]) -> dict[str, float]:
+    """`task/unparsable_frac`, `task/timeouts_frac`: the batch's completions whose answer the verifier could not
+    read, or whose check ran out of time, as the samplers reported per group (absent with a custom reward)."""
+    if not any("unparsable" in g.info for g in groups):
+        return {}
+    n = sum(g.size for g in groups)
+    return {f"task/{key}_frac": sum(g.info.get(key, 0) for g in groups) / n for key in VERDICT_INFO}
 
 
 def published_stats(published: Published) -> dict[str, Any]:

@@ -16,9 +16,10 @@ from typing import Any, Protocol
 
 from heterorl.config import RunConfig
 from heterorl.console import Bar
-from heterorl.evaluate import greedy_accuracy
+from heterorl.evaluate import evaluate
 from heterorl.learner import Learner
 from heterorl.metrics import MetricsWriter
+from heterorl.policy import SamplingParams
 from heterorl.tasks import Task
 
 CLOCK_DEPENDENT = re.compile(r"^(time/.*|perf/learner_idle|perf/tokens_per_sec|sampler/.+/idle)$")
@@ -58,12 +59,17 @@ class RunRecorder:
             self.observer.observe(record)
 
     def evaluate(self, step: int, clock_time: float) -> float:
-        acc = greedy_accuracy(self.learner.policy, self.task, self.task.eval_set(), self.cfg.sampler.max_new_tokens)
+        """Held-out evaluation of the learner's weights (greedy accuracy; pass@k / maj@k with `eval.samples`)."""
+        sampling = SamplingParams.from_config(self.cfg.sampler)
+        seed = self.cfg.seed * 1_000_003 + step  # its own sampling stream, the same under every clock
+        eval_set = self.task.eval_set()
+        m = evaluate(
+            self.learner.policy, self.task, eval_set, self.cfg.eval, self.cfg.sampler.max_new_tokens, sampling, seed
+        )
+        acc = m["eval/accuracy"]
         self.accuracies.append(acc)
         self.last_eval_step = step
-        self._log(
-            {"kind": "eval", "step": step, "time/clock": clock_time, "time/wall": self.wall(), "eval/accuracy": acc}
-        )
+        self._log({"kind": "eval", "step": step, "time/clock": clock_time, "time/wall": self.wall(), **m})
         return acc
 
     def on_step(self, record: dict[str, Any]) -> float | None:
@@ -108,4 +114,4 @@ class RunRecorder:
             if sinks.tensorboard:
                 tensorboard_export(self.run_dir)
             if sinks.wandb:
-                wandb_export(self.run_dir, project=sinks.wandb_project)
+                wandb_export(self.run_dir, project=sinks.wandb_project, mode=sinks.wandb_mode)
