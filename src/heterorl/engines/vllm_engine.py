@@ -80,7 +80,8 @@ class VLLMEngine(RolloutEngine):
         self._scored: dict[str, Any] = {}  # their prompt log-probs, once finished
         self.last_update: dict[str, Any] = {}  # the worker's report on the last update that landed
         args = engine_args(vllm, cfg, str(model_path), dtype, seed, self.cpu)
-        self._engine: Any = LLMEngine.from_engine_args(args)
+        self._engine: Any = None
+        self._engine = LLMEngine.from_engine_args(args)
         self._layout: dict[str, tuple[int, ...]] = {
             name: tuple(shape) for name, shape in self._rpc("heterorl_layout")[0].items()
         }
@@ -303,11 +304,11 @@ class VLLMEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
-        """Abort everything and shut vLLM's processes down."""
-        engine, self._engine = getattr(self, "_engine", None), None
-        if engine is None:
+        """Abort everything and shut vLLM's processes down (idempotent)."""
+        if self._engine is None:
             return
         self._interrupt()
+        engine, self._engine = self._engine, None
         engine.engine_core.shutdown()
 
     # ------------------------------------------------------------------ internals
