@@ -126,14 +126,13 @@ def build(name: str, n_prompts: int, prompt_tokens: int) -> Bench:
         from transformers import AutoModelForCausalLM
 
         AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(out)
-    text = synthetic_text(50_000, 400_000, seed=1)
+    lines = iter(synthetic_text(200_000, 400_000, seed=1))
     prompts = []
-    for line in text:
-        ids = tokenizer(line + " " + line, add_special_tokens=False)["input_ids"]
-        if len(ids) >= prompt_tokens:
-            prompts.append(tokenizer.decode(ids[:prompt_tokens]))
-        if len(prompts) == n_prompts:
-            break
+    while len(prompts) < n_prompts:  # consecutive sentences, cut at exactly `prompt_tokens` tokens
+        ids: list[int] = []
+        while len(ids) < prompt_tokens:
+            ids += tokenizer(next(lines) + " ", add_special_tokens=False)["input_ids"]
+        prompts.append(tokenizer.decode(ids[:prompt_tokens]))
     return Bench(name, out, prompts)
 
 
@@ -153,6 +152,19 @@ def timed(engine: RolloutEngine, text: TextFormat, bench: Bench, G: int, params:
 
 def load_average() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def vllm_if_importable() -> list[str]:
+    """["vllm"] where vLLM imports, else [] with a note (`--engines vllm` insists, and says how to install)."""
+    from heterorl.engines.base import EngineError
+    from heterorl.engines.vllm_setup import import_vllm
+
+    try:
+        import_vllm()
+    except EngineError as err:
+        print(f"vLLM skipped: {err}")
+        return []
+    return ["vllm"]
 
 
 def text_format(path: Path) -> TextFormat:
@@ -204,7 +216,9 @@ def run_model(bench: Bench, args: argparse.Namespace) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="demo,qwen3-100m", help="comma-separated: demo, qwen3-100m")
-    parser.add_argument("--engines", default="transformers,vllm", help="comma-separated: transformers, vllm")
+    parser.add_argument(
+        "--engines", default="auto", help="comma-separated: transformers, vllm; auto: both, vllm where importable"
+    )
     parser.add_argument("--prompts", type=int, default=8, help="K prompts")
     parser.add_argument("--group-size", type=int, default=8, help="G completions per prompt")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="L: completion length limit")
@@ -215,7 +229,7 @@ def main() -> None:
     parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (enforce_eager off)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
-    args.engines = args.engines.split(",")
+    args.engines = args.engines.split(",") if args.engines != "auto" else ["transformers", *vllm_if_importable()]
     torch.manual_seed(0)
     rows = []
     for name in args.models.split(","):
