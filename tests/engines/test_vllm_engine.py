@@ -10,6 +10,7 @@ import torch
 
 from heterorl.config import VLLMEngineConfig, WeightsConfig
 from heterorl.engines.base import EngineError
+from heterorl.engines.lora_merge import AdapterMerger
 from heterorl.engines.vllm_engine import VLLMEngine
 from heterorl.policy import Policy, SamplingParams, run_process
 from heterorl.weights import WeightReceiver, WeightStore
@@ -221,6 +222,34 @@ def test_a_kernel_that_misses_updates_is_an_error(
     assert at_base._rpc("heterorl_plain_kernels")[0] > 0
     at_base.load_weights(0, base)
     assert at_base.last_update["stale"] == []
+
+
+def test_lora_adapter_updates_only_the_adapted_weights(
+    at_base: VLLMEngine, trained_dir: Path, base: dict[str, torch.Tensor]
+) -> None:
+    """`publish: adapter`: the engine merges each adapter into its copy of the base and sends only those weights."""
+    merger = AdapterMerger(trained_dir, ["q_proj", "v_proj", "down_proj"], rank=4, alpha=8.0)
+    gen = torch.Generator().manual_seed(6)
+    adapter = {}
+    for module in merger.modules:
+        out_f, in_f = merger.base[module].shape
+        prefix = f"base_model.model.{module}"
+        adapter[f"{prefix}.lora_A.default.weight"] = (0.3 * torch.randn(4, in_f, generator=gen)).bfloat16()
+        adapter[f"{prefix}.lora_B.default.weight"] = (0.3 * torch.randn(out_f, 4, generator=gen)).bfloat16()
+    merged = merger.merge(adapter)
+    at_base.adapter = merger
+    try:
+        at_base.load_weights(1, adapter)
+    finally:
+        at_base.adapter = None
+    assert at_base.last_update["loaded"] == len(merged) == 3 * 2  # q, v, down in each of the 2 layers
+    assert at_base.last_update["mismatched"] == []
+    expected = {**{n: w.float() for n, w in base.items()}, **merged}
+    params = SamplingParams(temperature=0.7, max_new_tokens=8)
+    ids, mask = Policy.load(trained_dir).encode_prompts(PROMPTS)
+    out = run_process(at_base.generate(ids, mask, G, params))
+    assert max_logp_error(reference(trained_dir, expected), out, params) <= TOL
+    assert max_logp_error(reference(trained_dir, base), out, params) > 100 * TOL
 
 
 def test_bad_updates_and_params_are_clear_errors(at_base: VLLMEngine, base: dict[str, torch.Tensor]) -> None:
