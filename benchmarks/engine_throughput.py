@@ -226,10 +226,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="transformers engine device: cpu or cuda")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="compute dtype")
     parser.add_argument("--cuda-graphs", action="store_true", help="vLLM with CUDA graphs (enforce_eager off)")
+    parser.add_argument("--threads", type=int, help="torch threads of the transformers engine (default: torch's)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
     args.engines = args.engines.split(",") if args.engines != "auto" else ["transformers", *vllm_if_importable()]
     torch.manual_seed(0)
+    if args.threads:  # on a loaded machine fewer threads can be faster (oversubscription)
+        torch.set_num_threads(args.threads)
+    print(f"transformers engine: {torch.get_num_threads()} torch threads")
     rows = []
     for name in args.models.split(","):
         bench = build(name, args.prompts, args.prompt_tokens)

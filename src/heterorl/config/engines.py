@@ -21,8 +21,8 @@ class VLLMEngineConfig(Strict):
 
     Samples with vLLM's continuous batching and reports the log-probs of the distribution sampled from
     (processed log-probs). Weight updates are verified in every layer; completions in flight at an update are
-    continued under the new weights from the tokens sampled so far (docs/deployment.md). Needs the sampler
-    frictions other than `logit_noise` only (noise is a transformers-engine experiment).
+    continued under the new weights from the tokens sampled so far (docs/deployment.md). The `logit_noise`
+    friction is refused (a transformers-engine experiment); the other frictions work.
     """
 
     name: Literal["vllm"] = "vllm"
