@@ -1,0 +1,380 @@
+"""The vLLM rollout engine: continuous batching, processed log-probs, verified weight updates.
+
+One `VLLMEngine` owns one vLLM `LLMEngine` (its engine core and worker run in their own processes) and serves
+any number of chunks at once:
+
+- `submit(prompt_ids_KP, prompt_mask_KP, G, params)` queues K*G requests (one per completion, each with its own
+  seed derived from the engine's) and returns a `Job`; `step()` runs one engine step for every request in flight
+  and routes the new tokens to their jobs; `result(job)` gives the finished `Generation`;
+- `generate(...)` is the `RolloutEngine` process on top: submit, then one `step()` per `next()`. Several
+  `generate` processes on one engine advance the same batch together (continuous batching).
+
+Weight updates (`load_weights`): the published tensors travel to the worker as one safetensors blob; the worker
+loads them, then checks that every parameter holds them and every linear layer computes with them
+(`vllm_worker`). An update that does not land raises `EngineError` and leaves the engine without weights (no
+generation until a full update lands). The prefix cache is reset after every update.
+
+Completions in flight at an update are interrupted and continued (`vllm_jobs`): their requests are aborted and
+resubmitted as prompt + tokens so far, so the KV cache of that prefix is recomputed with the new weights. Every
+token thus carries the log-prob and version of the one weight version that produced it (the behaviour policy),
+exactly like the transformers engine, and none is wasted. A loop that prefers whole completions at one version
+calls `load_weights` only between chunks.
+
+Not thread-safe: call it from one thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Generator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save as save_safetensors
+from transformers import AutoTokenizer
+
+from heterorl.config import RunConfig, VLLMEngineConfig
+from heterorl.engines.base import EngineError, RolloutEngine
+from heterorl.engines.lora_merge import AdapterMerger
+from heterorl.engines.vllm_jobs import Job, Sequence, make_job
+from heterorl.engines.vllm_setup import engine_args, import_vllm, on_cpu
+from heterorl.policy import Generation, SamplingParams, filter_logits
+
+_SEED_STRIDE = 1_000_003  # request seeds: engine seed * stride + request number (distinct per request)
+
+
+class VLLMEngine(RolloutEngine):
+    """Generates with vLLM; see the module docstring."""
+
+    name = "vllm"
+    interruptible = True
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        cfg: VLLMEngineConfig,
+        *,
+        eos_id: int,
+        pad_id: int,
+        seed: int,
+        dtype: str = "float32",
+        adapter: AdapterMerger | None = None,
+    ) -> None:
+        vllm = import_vllm()
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self._vllm = vllm
+        self.cfg = cfg
+        self.eos_id, self.pad_id, self.seed = eos_id, pad_id, seed
+        self.adapter = adapter
+        self.cpu = on_cpu(vllm)
+        self.device = torch.device("cpu")  # prompts are handed over as token lists
+        self._version = -1
+        self._jobs: dict[int, Job] = {}
+        self._owner: dict[str, tuple[Job, Sequence]] = {}  # request id -> its job and completion
+        self._job_ids = itertools.count()
+        self._request_ids = itertools.count()
+        self._params: dict[int, SamplingParams] = {}  # job id -> its sampling params
+        self._scoring: set[str] = set()  # `score` requests in flight
+        self._scored: dict[str, Any] = {}  # their prompt log-probs, once finished
+        self.last_update: dict[str, Any] = {}  # the worker's report on the last update that landed
+        args = engine_args(vllm, cfg, str(model_path), dtype, seed, self.cpu)
+        self._engine: Any = None
+        self._engine = LLMEngine.from_engine_args(args)
+        self._layout: dict[str, tuple[int, ...]] = {
+            name: tuple(shape) for name, shape in self._rpc("heterorl_layout")[0].items()
+        }
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig, base_model_path: str, seed: int) -> VLLMEngine:
+        """The engine of one sampler of `cfg` (`sampler.engine` must be the vllm section)."""
+        engine_cfg = cfg.sampler.engine
+        if not isinstance(engine_cfg, VLLMEngineConfig):
+            raise EngineError(f"sampler.engine.name is {engine_cfg.name!r}, not 'vllm'")
+        if cfg.sampler.frictions.logit_noise > 0:
+            raise EngineError("sampler.frictions.logit_noise needs sampler.engine.name: transformers")
+        tokenizer = AutoTokenizer.from_pretrained(base_model_path)
+        eos_id = tokenizer.eos_token_id
+        if eos_id is None:
+            raise EngineError(f"the tokenizer of {base_model_path} has no eos token")
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
+        adapter = None
+        lora = cfg.model.lora
+        if lora is not None and lora.publish == "adapter":
+            adapter = AdapterMerger(base_model_path, list(lora.target_modules), lora.rank, lora.alpha)
+        return cls(
+            base_model_path, engine_cfg, eos_id=eos_id, pad_id=pad_id, seed=seed, dtype=cfg.model.dtype, adapter=adapter
+        )
+
+    # ------------------------------------------------------------------ weights
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def load_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load published tensors (every weight, or the LoRA adapter) and verify them in every layer.
+
+        Requests in flight are interrupted and continue under the new weights (module docstring).
+        """
+        tensors, full = self._plain_tensors(version, weights)
+        in_flight = self._interrupt()
+        try:
+            blob = save_safetensors({name: t.detach().contiguous().cpu() for name, t in tensors.items()})
+            report = self._rpc("heterorl_load", blob, full)[0]
+        except (RuntimeError, ValueError, OSError) as err:  # the worker's state is unknown: refuse to generate
+            self._failed_update(in_flight, f"weights for version {version} did not load: {err}")
+            raise EngineError(f"weights for version {version} did not load: {err}") from err
+        problems = []
+        if report["mismatched"]:
+            problems.append(f"{len(report['mismatched'])} tensors not held as sent, e.g. {report['mismatched'][:3]}")
+        if report["stale"]:
+            problems.append(
+                f"{len(report['stale'])} layers compute with other weights than they hold (a packed kernel copy), "
+                f"e.g. {report['stale'][:3]}"
+            )
+        if report["probed"] == 0:
+            problems.append("no linear layer could be probed")
+        if problems:
+            message = f"weights for version {version} did not land: " + "; ".join(problems)
+            self._failed_update(in_flight, message)
+            raise EngineError(message)
+        if not self._engine.reset_prefix_cache():
+            message = f"vLLM did not reset its prefix cache after loading version {version}"
+            self._failed_update(in_flight, message)
+            raise EngineError(message)
+        self._version = version
+        self.last_update = report
+        for job, seq in in_flight:
+            self._add_request(job, seq)
+
+    def _plain_tensors(self, version: int, weights: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bool]:
+        """The tensors to load under vLLM's (Hugging Face) names, and whether they are the whole model."""
+        if self.adapter is not None:
+            try:
+                return self.adapter.merge(weights), False
+            except ValueError as err:
+                raise EngineError(f"adapter weights for version {version}: {err}") from err
+        if any(".lora_A." in n or ".lora_B." in n for n in weights):
+            raise EngineError(
+                "received LoRA adapter tensors but the engine was built without model.lora (publish: adapter)"
+            )
+        missing = sorted(set(self._layout) - set(weights))
+        unknown = sorted(set(weights) - set(self._layout))
+        if missing or unknown:
+            raise EngineError(
+                f"weights for version {version}: missing {missing[:3]} ({len(missing)}), "
+                f"unknown {unknown[:3]} ({len(unknown)})"
+            )
+        for name, tensor in weights.items():
+            if tuple(tensor.shape) != self._layout[name]:
+                raise EngineError(
+                    f"weights for version {version}: {name} is {tuple(tensor.shape)}, "
+                    f"the model has {self._layout[name]}"
+                )
+        return dict(weights), True
+
+    # ------------------------------------------------------------------ generation
+    def submit(
+        self, prompt_ids_KP: torch.Tensor, prompt_mask_KP: torch.Tensor, group_size: int, params: SamplingParams
+    ) -> Job:
+        """Queue G completions of each of the K left-padded prompts; they advance with every `step()`."""
+        if self._version < 0:
+            raise EngineError("the engine has no weights yet (or its last update failed)")
+        self._check_params(params)
+        try:
+            job = make_job(next(self._job_ids), prompt_ids_KP, prompt_mask_KP, group_size, params.max_new_tokens)
+        except ValueError as err:
+            raise EngineError(str(err)) from err
+        self._jobs[job.job_id] = job
+        self._params[job.job_id] = params
+        for seq in job.sequences:
+            self._add_request(job, seq)
+        return job
+
+    def step(self) -> None:
+        """One vLLM engine step for every request in flight; new tokens go to their jobs."""
+        if not self._owner and not self._scoring:
+            return
+        for out in self._engine.step():
+            if out.request_id in self._scoring:
+                if out.finished:
+                    self._scored[out.request_id] = out.prompt_logprobs
+                    self._scoring.discard(out.request_id)
+                continue
+            owner = self._owner.get(out.request_id)
+            if owner is None:  # a late output of a request aborted at an update
+                continue
+            job, seq = owner
+            try:
+                for completion in out.outputs:
+                    tokens = list(completion.token_ids)
+                    logps = [entry[tok].logprob for entry, tok in zip(completion.logprobs, tokens, strict=True)]
+                    seq.extend(tokens, logps, self.eos_id)
+                if out.finished and not seq.done:
+                    raise ValueError(f"vLLM stopped a completion early ({out.outputs[0].finish_reason})")
+            except ValueError as err:
+                self._fail_job(job, f"vLLM returned a bad completion: {err}")
+                continue
+            if out.finished:
+                del self._owner[out.request_id]
+                seq.request_id = None
+
+    def result(self, job: Job) -> Generation:
+        """The finished job's `Generation` (EngineError if it failed); forgets the job."""
+        if not job.done:
+            raise EngineError(f"job {job.job_id} is still running")
+        self._jobs.pop(job.job_id, None)
+        self._params.pop(job.job_id, None)
+        if job.error is not None:
+            raise EngineError(job.error)
+        return job.generation(self.pad_id)
+
+    def generate(
+        self, prompt_ids_KP: torch.Tensor, prompt_mask_KP: torch.Tensor, group_size: int, params: SamplingParams
+    ) -> Generator[int, None, Generation]:
+        """`submit`, then one engine step per `next()` (yields this job's tokens so far) until it is done."""
+        job = self.submit(prompt_ids_KP, prompt_mask_KP, group_size, params)
+        return self._run(job)
+
+    def _run(self, job: Job) -> Generator[int, None, Generation]:
+        while not job.done:
+            self.step()
+            yield job.tokens
+        return self.result(job)
+
+    @property
+    def in_flight(self) -> int:
+        """Completions being sampled now (all jobs)."""
+        return len(self._owner)
+
+    # ------------------------------------------------------------------ scoring
+    def score(
+        self,
+        prompt_ids_NP: torch.Tensor,
+        prompt_mask_NP: torch.Tensor,
+        completion_ids_NL: torch.Tensor,
+        completion_mask_NL: torch.Tensor,
+        params: SamplingParams,
+    ) -> torch.Tensor:
+        """Teacher-forced log-probs under the sampling distribution, from full-vocabulary prompt log-probs.
+
+        Prompt log-probs are vLLM's unprocessed log-softmax; the sampling distribution (temperature, top-k,
+        top-p) is rebuilt from them with heterorl's `filter_logits` (log-softmax is shift-invariant, so these
+        act as logits). Exact, but it moves V numbers per token: meant for the rare replaced completion.
+        """
+        if self._version < 0:
+            raise EngineError("the engine has no weights yet (or its last update failed)")
+        self._check_params(params)
+        out = torch.zeros(completion_ids_NL.shape, dtype=torch.float32)
+        rows = [
+            (i, p[m.bool()].tolist(), c[cm.bool()].tolist())
+            for i, (p, m, c, cm) in enumerate(
+                zip(
+                    prompt_ids_NP.cpu(),
+                    prompt_mask_NP.cpu(),
+                    completion_ids_NL.cpu(),
+                    completion_mask_NL.cpu(),
+                    strict=True,
+                )
+            )
+        ]
+        vocab = self._vocab_rows()
+        pending = {}
+        for i, prompt, completion in rows:
+            if not completion:
+                continue
+            request_id = f"score-{next(self._request_ids)}"
+            sp = self._vllm.SamplingParams(max_tokens=1, prompt_logprobs=-1, detokenize=False, temperature=1.0)
+            self._scoring.add(request_id)
+            self._engine.add_request(request_id, {"prompt_token_ids": prompt + completion}, sp)
+            pending[request_id] = (i, len(prompt), completion)
+        while self._scoring & set(pending):
+            self.step()  # also advances (and routes) the jobs in flight
+        for request_id, (i, P, completion) in pending.items():
+            prompt_logprobs = self._scored.pop(request_id)
+            logp_LV = torch.full((len(completion), vocab), float("-inf"))
+            for t in range(len(completion)):
+                entry = prompt_logprobs[P + t]  # the log-probs of token P + t given the tokens before it
+                ids = torch.tensor(list(entry.keys()), dtype=torch.long)
+                logp_LV[t, ids] = torch.tensor([e.logprob for e in entry.values()], dtype=torch.float32)
+            sampled_LV = filter_logits(logp_LV, params)
+            out[i, : len(completion)] = sampled_LV.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+        return torch.where(completion_mask_NL.cpu().bool(), out, torch.zeros_like(out))
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        """Abort everything and shut vLLM's processes down (idempotent)."""
+        if self._engine is None:
+            return
+        self._interrupt()
+        engine, self._engine = self._engine, None
+        engine.engine_core.shutdown()
+
+    # ------------------------------------------------------------------ internals
+    def _check_params(self, params: SamplingParams) -> None:
+        if params.greedy:
+            raise EngineError("the vLLM engine samples; greedy decoding (evaluation) runs on the learner's policy")
+        if params.logit_noise > 0:
+            raise EngineError("sampler.frictions.logit_noise needs sampler.engine.name: transformers")
+
+    def _vllm_params(self, params: SamplingParams, max_tokens: int, seed: int) -> Any:
+        from vllm.sampling_params import RequestOutputKind
+
+        return self._vllm.SamplingParams(
+            n=1,
+            temperature=params.temperature,
+            top_k=params.top_k if params.top_k > 0 else 0,
+            top_p=params.top_p,
+            max_tokens=max_tokens,
+            logprobs=0,
+            stop_token_ids=[self.eos_id],
+            seed=seed,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    def _add_request(self, job: Job, seq: Sequence) -> None:
+        """Start (or continue, after an update) one completion as a vLLM request with the current weights."""
+        number = next(self._request_ids)
+        request_id = f"j{job.job_id}-r{number}"
+        seed = (self.seed * _SEED_STRIDE + number) % 2**63
+        params = self._vllm_params(self._params[job.job_id], seq.remaining, seed)
+        seq.request_id, seq.segment_version = request_id, self._version
+        seq.segments += 1
+        self._owner[request_id] = (job, seq)
+        self._engine.add_request(request_id, {"prompt_token_ids": seq.context()}, params)
+
+    def _interrupt(self) -> list[tuple[Job, Sequence]]:
+        """Abort every request in flight; returns the completions to continue after the update."""
+        in_flight = list(self._owner.values())
+        if in_flight:
+            self._engine.abort_request(list(self._owner))
+        self._owner.clear()
+        for _, seq in in_flight:
+            seq.request_id = None
+        return in_flight
+
+    def _fail_job(self, job: Job, message: str) -> None:
+        """Abort a job's requests; its `generate` / `result` raises `message`."""
+        job.error = job.error or message
+        for seq in job.sequences:
+            if seq.request_id is not None:
+                self._owner.pop(seq.request_id, None)
+                self._engine.abort_request([seq.request_id])
+                seq.request_id = None
+
+    def _failed_update(self, in_flight: list[tuple[Job, Sequence]], message: str) -> None:
+        """After an update that did not land: fail the interrupted jobs and hold no weights."""
+        self._version = -1
+        for job, _ in in_flight:
+            self._fail_job(job, message)
+
+    def _vocab_rows(self) -> int:
+        embed = [shape for name, shape in self._layout.items() if name.endswith("embed_tokens.weight")]
+        if not embed:
+            raise EngineError("cannot tell the vocabulary size (no embed_tokens.weight)")
+        return embed[0][0]
+
+    def _rpc(self, method: str, *args: Any) -> list[Any]:
+        return self._engine.collective_rpc(method, args=args)
