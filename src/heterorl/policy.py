@@ -125,6 +125,18 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of a transformers checkpoint directory, padding on the left (generation), with a pad token."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise PathNotFoundError(f"model.path {str(path)!r} is not a transformers checkpoint (no config.json)")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 class TextFormat:
     """The text side of a policy: prompts (each a user turn of the chat template when asked) -> left-padded ids,
     completion ids -> texts. Samplers need only this and an engine; the model may live elsewhere (vLLM)."""
@@ -208,13 +220,7 @@ class Policy:
         chat_template: bool = False,
     ) -> Policy:
         """Load a transformers checkpoint directory (weights + tokenizer), computing in `dtype`."""
-        path = Path(path)
-        if not (path / "config.json").is_file():
-            raise PathNotFoundError(f"model.path {str(path)!r} is not a transformers checkpoint (no config.json)")
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        tokenizer.padding_side = "left"
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
+        tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         return cls(model, tokenizer, torch.device(device), chat_template)
 

@@ -65,6 +65,7 @@ def execute(
             cluster.run()
         finally:
             cluster.loop.publisher.close()
+            cluster.close()
     loop = cluster.loop
     loop.extra = {
         "base_model": str(base),

@@ -6,13 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from heterorl.cluster.simulated import SimulatedCluster
+from conftest import capture_records
 from heterorl.config import load_config
 from heterorl.engines.vllm_engine import VLLMEngine
-from heterorl.policy import Policy, SamplingParams
-from heterorl.run import make_learner, sampler_seed
-from heterorl.sampler import Sampler
-from heterorl.tasks import make_task
+from heterorl.run import build_simulated
 
 from .conftest import REPO
 
@@ -27,22 +24,16 @@ pytestmark = pytest.mark.vllm
     ],
     ids=["sync", "async-interruptible-pulse"],
 )
-def test_rl_with_the_vllm_sampler_improves_reward(trained_dir: Path, overrides: list[str]) -> None:
+def test_rl_with_the_vllm_sampler_improves_reward(trained_dir: Path, overrides: list[str], tmp_path: Path) -> None:
     cfg = load_config(REPO / "configs" / "smoke.yaml", ["sampler.engine.name=vllm", *overrides])
-    base = str(trained_dir)
-    task = make_task(cfg.task)
-    learner = make_learner(cfg, base)
-    engine = VLLMEngine.from_config(cfg, base, seed=sampler_seed(cfg.seed, 0))
+    cluster = build_simulated(cfg, tmp_path, str(trained_dir))  # the run's own builder picks the vLLM engine
+    assert all(isinstance(n.worker.sampler.engine, VLLMEngine) for n in cluster.nodes)
+    records = capture_records(cluster)
     try:
-        text = Policy.load(base).text
-        sampler = Sampler(
-            "vllm-0", engine, text, task, SamplingParams.from_config(cfg.sampler), cfg.sampler.group_size, seed=1
-        )
-        records: list[dict] = []
-        cluster = SimulatedCluster(cfg, learner, [sampler], records.append)
         cluster.run()
     finally:
-        engine.close()
+        cluster.loop.publisher.close()
+        cluster.close()
     rewards = [r["reward/mean"] for r in records]
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     print(f"reward first 5 steps {first:.3f} -> last 5 {last:.3f} ({overrides or 'sync'})")

@@ -40,6 +40,13 @@ class VLLMEngineConfig(Strict):
     max_num_batched_tokens: int | None = Field(
         None, ge=8, description="Token budget of one engine step (prefill chunking); None: vLLM's default."
     )
+    chunks_in_flight: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="Live async samplers: chunks generated at once (continuous batching: a new chunk joins the "
+        "running batch as soon as admission allows, not after the previous one ends).",
+    )
 
 
 EngineConfig = Annotated[TransformersEngineConfig | VLLMEngineConfig, Field(discriminator="name")]

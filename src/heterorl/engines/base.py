@@ -38,6 +38,7 @@ class RolloutEngine(ABC):
     name: str = "engine"
     interruptible: bool = False  # accepts load_weights between two decoding steps of one generation
     device: torch.device = torch.device("cpu")  # where `generate` wants its prompt tensors
+    chunks_in_flight: int = 1  # `generate` processes that may run at once, advancing one shared batch
 
     @property
     @abstractmethod

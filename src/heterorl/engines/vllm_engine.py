@@ -103,9 +103,11 @@ class VLLMEngine(RolloutEngine):
         lora = cfg.model.lora
         if lora is not None and lora.publish == "adapter":
             adapter = AdapterMerger(base_model_path, list(lora.target_modules), lora.rank, lora.alpha)
-        return cls(
+        engine = cls(
             base_model_path, engine_cfg, eos_id=eos_id, pad_id=pad_id, seed=seed, dtype=cfg.model.dtype, adapter=adapter
         )
+        engine.chunks_in_flight = engine_cfg.chunks_in_flight
+        return engine
 
     # ------------------------------------------------------------------ weights
     @property

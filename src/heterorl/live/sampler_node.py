@@ -225,5 +225,8 @@ def run_sampler(cfg: RunConfig, connect: str, index: int = 0) -> dict[str, Any]:
     if token is None:
         raise LiveSetupError(f"no token: set ${cfg.live.token_env} (or live.token_file) to the learner's token")
     configure_torch(cfg)
-    worker = SamplerWorker(cfg, index, build_sampler(cfg, index, base=None))
-    return asyncio.run(_connect_and_run(cfg, connect, token, worker))
+    sampler = build_sampler(cfg, index, base=None)
+    try:
+        return asyncio.run(_connect_and_run(cfg, connect, token, SamplerWorker(cfg, index, sampler)))
+    finally:
+        sampler.engine.close()

@@ -8,6 +8,7 @@ setting cannot mean one thing under one clock and another under the other.
 from __future__ import annotations
 
 import importlib
+import tempfile
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from heterorl.config import RunConfig
 from heterorl.engines.base import EngineError, RolloutEngine
 from heterorl.learner import Learner
 from heterorl.lora import apply_lora
-from heterorl.policy import Policy, SamplingParams, resolve_device
+from heterorl.policy import Policy, SamplingParams, TextFormat, load_tokenizer, resolve_device
 from heterorl.pretrain import ensure_base_model
 from heterorl.sampler import Sampler
 from heterorl.tasks import Task, make_task
@@ -88,31 +89,46 @@ def sampler_policy(cfg: RunConfig, base: str | None) -> Policy:
     return policy
 
 
-def build_engine(cfg: RunConfig, policy: Policy, base: str | None, seed: int) -> RolloutEngine:
-    """The rollout engine `sampler.engine` names, generating from `seed`."""
+def _checkpoint_dir(cfg: RunConfig, base: str | None) -> str:
+    """A checkpoint directory for engines that load one (vLLM): the base model, `model.path`, the warm start when
+    LoRA adapters travel alone (their base must be exact), else the architecture saved once to a temporary
+    directory (its weights are replaced by the learner's first snapshot)."""
+    if base is not None:
+        return base
+    if cfg.model.path is not None or (cfg.model.lora is not None and cfg.model.lora.publish == "adapter"):
+        return cfg.model.path or resolve_base_model(cfg, show_progress=False)[0]
+    path = tempfile.mkdtemp(prefix="heterorl-arch-")
+    Policy.from_config(cfg.model, seed=cfg.seed).save(path)
+    return path
+
+
+def build_engine(cfg: RunConfig, base: str | None, seed: int) -> tuple[RolloutEngine, TextFormat]:
+    """The rollout engine `sampler.engine` names, generating from `seed`, and the text format of its model."""
     name = cfg.sampler.engine.name
     if name == "transformers":
         from heterorl.engines.transformers_engine import TransformersEngine
 
-        return TransformersEngine(policy, seed)
+        policy = sampler_policy(cfg, base)
+        return TransformersEngine(policy, seed), policy.text
     if name == "vllm":  # an optional engine (its own install, `make vllm`): imported only when asked for
         try:
             module = importlib.import_module("heterorl.engines.vllm_engine")
         except ImportError as err:
             raise EngineError(f"sampler.engine vllm is not available here ({err}); see docs/howto-math.md") from None
-        return module.VLLMEngine.from_config(cfg, base or cfg.model.path, seed)
+        path = _checkpoint_dir(cfg, base)
+        engine = module.VLLMEngine.from_config(cfg, path, seed)
+        return engine, TextFormat(load_tokenizer(path), cfg.task.chat_template)
     raise EngineError(f"unknown sampler.engine {name!r}")
 
 
 def build_sampler(cfg: RunConfig, index: int, base: str | None, task: Task | None = None) -> Sampler:
     """Sampler `index` of the cluster config, with its own seeded prompt, sampling and friction streams."""
     seed = sampler_seed(cfg.seed, index)
-    policy = sampler_policy(cfg, base)
-    engine = build_engine(cfg, policy, base, seed)
+    engine, text = build_engine(cfg, base, seed)
     return Sampler(
         node_name(cfg, index),
         engine,
-        policy.text,
+        text,
         task or build_task(cfg),
         SamplingParams.from_config(cfg.sampler),
         cfg.sampler.group_size,

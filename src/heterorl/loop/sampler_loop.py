@@ -99,9 +99,11 @@ class SamplerWorker:
         """The version the engine generates with (-1: none yet)."""
         return self.sampler.version
 
-    def wants(self) -> int:
-        """Load the newest weights; the number of groups to start now (0: wait for weights or a new version)."""
-        self.refresh()
+    def wants(self, load: bool = True) -> int:
+        """Load the newest weights (unless `load` is False: generations of the current version are still
+        running and the rollout is not interruptible); the number of groups to start now (0: wait)."""
+        if load:
+            self.refresh()
         version = self.sampler.version
         if version < 0:
             return 0

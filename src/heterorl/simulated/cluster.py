@@ -98,6 +98,11 @@ class SimulatedCluster:
         if not self.loop.done:
             raise RuntimeError("the simulation stalled: no event left before the last learner step")
 
+    def close(self) -> None:
+        """Release the samplers' engines (a vLLM engine holds processes and memory)."""
+        for node in self.nodes:
+            node.worker.sampler.engine.close()
+
     def summary(self) -> dict:
         """The nodes' own figures (their faults and weight updates) for summary.json."""
         return {
