@@ -31,6 +31,10 @@ class StoreUnavailable(OSError):  # noqa: N818 (reads as a state: "the store is 
     """The store did not answer, or failed (outage, timeout, 5xx): retry later."""
 
 
+class BucketMissing(StoreUnavailable):
+    """The bucket itself is not there (deleted, or a typo in the URL)."""
+
+
 class ObjectMissing(LookupError):  # noqa: N818
     """No object under that key (never written, deleted by retention, or lost)."""
 
@@ -175,7 +179,7 @@ class FsspecStore(ObjectStore):
         except ObjectMissing:
             if self.local:
                 return []
-            raise StoreUnavailable(f"{self.url}: the bucket {self.bucket!r} is not there") from None
+            raise BucketMissing(f"{self.url}: the bucket {self.bucket!r} is not there") from None
         out = []
         for path, info in found.items():
             if not path.startswith(self.root + "/") or info.get("type") == "directory":
@@ -189,29 +193,25 @@ class FsspecStore(ObjectStore):
         with contextlib.suppress(ObjectMissing):
             self._call(f"delete {key}", self.fs.rm_file, self._path(key))
 
-    def check(self, write: bool) -> None:
+    def check(self, list_prefix: str, probe_key: str | None) -> None:
         """Fail now, with one line, if the store cannot be used: bucket absent, no credentials, access denied.
-        `write`: also check that an object can be written and deleted (the learner; samplers that upload)."""
-        if not self.local:
-            try:
-                self._call("head bucket", self.fs.info, self.bucket)
-            except ObjectMissing:
-                where = self.fs.endpoint_url or "AWS"
-                raise StoreSetupError(f"bucket {self.bucket!r} does not exist at {where}: create it first") from None
-            except StoreUnavailable as err:
-                raise StoreSetupError(f"cannot reach the store for {self.url}: {err}") from None
-        elif not os.path.isdir(self.root):
+        Lists `list_prefix` (a role may only list its own prefix) and, with `probe_key`, writes and deletes an
+        object there (roles that write)."""
+        if self.local and not os.path.isdir(self.root):
             try:
                 os.makedirs(self.root, exist_ok=True)
             except OSError as err:
                 raise StoreSetupError(f"cannot create {self.root} for {self.url}: {err}") from None
-        if write:
-            probe = f"probe/{secrets.token_hex(6)}"
-            try:
-                self.put(probe, b"heterorl write probe")
-                self.delete(probe)
-            except StoreUnavailable as err:
-                raise StoreSetupError(f"cannot write to {self.url}: {err}") from None
+        try:
+            self.list(list_prefix)
+            if probe_key is not None:
+                self.put(probe_key, b"heterorl write probe")
+                self.delete(probe_key)
+        except BucketMissing:
+            where = self.fs.endpoint_url or "AWS"
+            raise StoreSetupError(f"bucket {self.bucket!r} does not exist at {where}: create it first") from None
+        except StoreUnavailable as err:
+            raise StoreSetupError(f"cannot use the store {self.url}: {err}") from None
 
 
 def _classify(url: str, what: str, err: Exception) -> Exception:

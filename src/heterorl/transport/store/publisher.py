@@ -102,6 +102,7 @@ class StorePublisher:
         self._thread: threading.Thread | None = None
         self.manifest: Manifest | None = None
         self.finished_written = False
+        self.last_queued = -1  # the newest version `published` has taken
 
     # ---------------------------------------------------------------- setup
     def _claim(self, resume: bool) -> tuple[str, int]:
@@ -147,6 +148,7 @@ class StorePublisher:
         if published.snapshot_nbytes is not None:
             snapshot = store.update_for(None, None).snapshot  # the newest snapshot is this version's
         self._prev = (published.version, published.state_hash)
+        self.last_queued = published.version
         itemsize = 2 if store.wire_dtype is None else store.wire_dtype.itemsize
         parts = VersionParts(published.version, published.state_hash, patch, base, snapshot, published.numel * itemsize)
         if self.inline:
