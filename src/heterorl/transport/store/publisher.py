@@ -70,7 +70,8 @@ class StorePublisher:
     """Uploads versions to a store and writes the manifest; see the module docstring.
 
     `clock` gives seconds for retention (monotonic wall time live, virtual time in the simulator); `on_uploaded`
-    is told (version, bytes uploaded, full bytes) when a version is visible to samplers.
+    is told (version, bytes uploaded, full bytes) when a version is visible to samplers. Uploads run in the
+    uploader thread after `start`, or in the owner's thread at each `drain` (the simulator).
     """
 
     def __init__(
@@ -82,11 +83,9 @@ class StorePublisher:
         resume: bool,
         clock: Callable[[], float] = time.monotonic,
         on_uploaded: Callable[[int, int, int], None] | None = None,
-        inline: bool = False,
     ) -> None:
         self.objects, self.weights, self.cfg, self.clock = objects, weights, cfg, clock
         self.on_uploaded = on_uploaded or (lambda v, n, f: None)
-        self.inline = inline  # upload in the calling thread (simulator, tests) instead of the uploader thread
         self.counts: Counter[str] = Counter()
         self.uploaded_bytes = 0
         self.run, self.epoch = self._claim(resume)
@@ -103,6 +102,7 @@ class StorePublisher:
         self.manifest: Manifest | None = None
         self.finished_written = False
         self.last_queued = -1  # the newest version `published` has taken
+        self._visible_log: list[tuple[int, int]] = []  # (version, bytes uploaded for it), in upload order
 
     # ---------------------------------------------------------------- setup
     def _claim(self, resume: bool) -> tuple[str, int]:
@@ -131,8 +131,8 @@ class StorePublisher:
         return old.run, old.epoch + 1
 
     def start(self) -> None:
-        """Start the uploader thread (not needed with `inline`)."""
-        if not self.inline and self._thread is None:
+        """Upload in a thread of its own from now on (else the owner calls `drain`)."""
+        if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="store-upload", daemon=True)
             self._thread.start()
 
@@ -151,11 +151,18 @@ class StorePublisher:
         self.last_queued = published.version
         itemsize = 2 if store.wire_dtype is None else store.wire_dtype.itemsize
         parts = VersionParts(published.version, published.state_hash, patch, base, snapshot, published.numel * itemsize)
-        if self.inline:
-            self._pending.append(parts)
-            self._flush()
-        else:
-            self._queue.put(parts)
+        self._queue.put(parts)
+
+    def drain(self) -> list[tuple[int, int]]:
+        """Upload what is queued now, in the caller's thread (the simulator, for determinism; tests); returns
+        (version, bytes uploaded) per version made visible. StoreUnavailable propagates (nothing is lost)."""
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None:
+                self._pending.append(item)
+        before = len(self._visible_log)
+        self._flush()
+        return self._visible_log[before:]
 
     # ---------------------------------------------------------------- uploader
     def _run(self) -> None:
@@ -202,8 +209,9 @@ class StorePublisher:
         self.manifest, self.seq = manifest, self.seq + 1
         self._pending.clear()
         for i, (version, nbytes, full) in enumerate(visible):
-            extra = len(data) if i == len(visible) - 1 else 0
+            extra = len(data) if i == len(visible) - 1 else 0  # the manifest, charged to the newest version
             self.uploaded_bytes += nbytes + extra
+            self._visible_log.append((version, nbytes + extra))
             self.on_uploaded(version, nbytes + extra, full)
         self._collect()
 

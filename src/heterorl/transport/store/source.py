@@ -119,13 +119,19 @@ class StoreWeightSource:
     def _poll(self, version: int | None, state_hash: str | None) -> bytes | str | None:
         manifest = self._read_manifest()
         if manifest is not None:
-            usable = replace(manifest, objects=tuple(o for o in manifest.objects if o.key not in self._bad))
-            refs = plan(usable, version, state_hash)
-            if refs:
-                return self._fetch(usable, refs)
-            if refs is None:
-                self._fault("no_path", f"no way to version {manifest.latest[0]} in the manifest")
+            got = self.update_from(manifest, version, state_hash)
+            if got is not None:
+                return got
         return FINISHED if self._finished(manifest) else None
+
+    def update_from(self, manifest: Manifest, version: int | None, state_hash: str | None) -> bytes | None:
+        """The envelope from (version, hash) to `manifest`'s newest version, None when current or out of reach
+        (blocking; the simulator calls it with the manifest visible at its virtual time)."""
+        usable = replace(manifest, objects=tuple(o for o in manifest.objects if o.key not in self._bad))
+        refs = plan(usable, version, state_hash)
+        if refs is None:
+            self._fault("no_path", f"no way to version {manifest.latest[0]} in the manifest")
+        return self._fetch(usable, refs) if refs else None
 
     def _read_manifest(self) -> Manifest | None:
         """The newest valid manifest, or None (absent, stale or invalid: counted)."""
