@@ -262,7 +262,7 @@ def _s3_filesystem(cfg: StoreConfig) -> Any:
         skip_instance_cache=True,
         **creds,
     )
-    fs.retries = 2  # s3fs's own retry loop; our callers back off themselves
+    fs.retries = 1  # no s3fs retry loop on top of botocore's one retry: callers back off (and count it)
     return fs
 
 

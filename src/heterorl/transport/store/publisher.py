@@ -88,8 +88,6 @@ class StorePublisher:
         self.on_uploaded = on_uploaded or (lambda v, n, f: None)
         self.counts: Counter[str] = Counter()
         self.uploaded_bytes = 0
-        self.run, self.epoch = self._claim(resume)
-        self.seq = 0
         self._prev: tuple[int, str] | None = None
         self._hashes: dict[int, str] = {}
         self._live: dict[str, ObjectRef] = {}  # key -> object listed in the manifest
@@ -102,6 +100,8 @@ class StorePublisher:
         self.manifest: Manifest | None = None
         self.finished_written = False
         self.last_queued = -1  # the newest version `published` has taken
+        self.run, self.epoch = self._claim(resume)
+        self.seq = 0
         self._visible_log: list[tuple[int, int]] = []  # (version, bytes uploaded for it), in upload order
 
     # ---------------------------------------------------------------- setup
