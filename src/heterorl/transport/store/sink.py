@@ -6,6 +6,8 @@ group's bytes as generated (the learner checks it: a torn or corrupted object is
 learner journals a group before it deletes its object, and writes `<key>.rejected` (its reason) before deleting a
 group it refuses. So, listing its own prefix: object present = not consumed yet; object gone with a marker =
 refused for that reason; object gone without one = the learner has it (accepted, or a duplicate of one it has).
+The marker is read directly, not from the listing: a listing is not a snapshot, and one that runs while the
+learner writes a marker and deletes the group may show neither.
 This is the `RolloutSink` of transport/base.py: `send` returns once the group is stored, with a future that holds
 the verdict. At most `max_pending_groups` unconsumed uploads at a time (the sampler stops generating beyond),
 which is the store's backpressure, as 503 `busy` is HTTP's.
@@ -93,20 +95,21 @@ class StoreRolloutSink:
             for key, future in list(self.pending.items()):
                 if key in present:
                     continue
-                outcome = "accepted"
-                if key + REJECTED in present:
-                    outcome = await self._marker(key + REJECTED)
+                # read the marker directly even when the listing does not show it: a listing that ran while the
+                # learner wrote the marker and deleted the group may show neither (listings are not snapshots)
+                outcome = await self._marker(key + REJECTED) or "accepted"
                 del self.pending[key]
                 self.counts[outcome] += 1
                 if not future.done():
                     future.set_result(outcome)
 
-    async def _marker(self, key: str) -> str:
-        """The reason in a `.rejected` marker (then deleted); unknown contents read as `malformed`."""
+    async def _marker(self, key: str) -> str | None:
+        """The reason in a `.rejected` marker (then deleted), None when there is none; unknown contents read as
+        `malformed`."""
         try:
             raw = await self._retry(f"get {key}", lambda: self.objects.get(key, MAX_MARKER_BYTES))
         except ObjectMissing:
-            return "malformed"
+            return None
         try:
             outcome = json.loads(raw).get("outcome")  # type: ignore[arg-type]
         except (UnicodeDecodeError, json.JSONDecodeError, AttributeError):
