@@ -222,8 +222,12 @@ def serve_learner(
             asyncio.run(serve_app(live, token, host, port, address))
         finally:
             if store is not None:
-                store.close()
+                store.close()  # after the last version's upload and the `finished` marker
                 live.events.emit("store", **store.summary())
+                if live.summary is not None:  # the summary was taken before the last upload finished
+                    traffic = live.loop.traffic
+                    live.summary.update(weight_bytes_sent=traffic.total_bytes, store=store.summary())
+                    live.summary["weight_bytes_full"] = traffic.total_full_bytes
     if live.summary is None:
         return None
     summary = {**live.summary, "wall_seconds": time.monotonic() - wall_start}
