@@ -52,6 +52,7 @@ class SimNode:
     generating: bool = False
     started_at: float = 0.0
     busy_seconds: float = 0.0
+    in_store: int = 0  # groups stored but not yet taken by the learner (rollouts through the store)
 
     @property
     def name(self) -> str:
@@ -185,6 +186,8 @@ class SimulatedCluster:
     def _maybe_generate(self, node: SimNode) -> None:
         if node.generating or self.loop.done:
             return
+        if self.store is not None and self.store.rollouts and node.in_store >= self.store.max_pending:
+            return  # the sink's backpressure: wait until the learner has taken some
         n = node.worker.wants()
         if n == 0 or not self.loop.admit(n, node.worker.version):
             return
@@ -219,7 +222,10 @@ class SimulatedCluster:
             digest = body_digest(payload) if node.rollout.lossy else None
             deliveries = node.rollout.send(self.events.now, payload)
             for d in deliveries:
-                at = d.at if self.store is None or not self.store.rollouts else self.store.next_listing(d.at)
+                at = d.at
+                if self.store is not None and self.store.rollouts:
+                    at = self.store.next_listing(d.at)
+                    node.in_store += 1
                 self.events.schedule(at, self._group_arrives, node, g, d.payload, digest, label=f"group {g.group_id}")
             if not deliveries:
                 node.worker.delivered(g, "dropped")
@@ -230,7 +236,10 @@ class SimulatedCluster:
     def _group_arrives(self, node: SimNode, group: RolloutGroup, payload: bytes, digest: str | None) -> None:
         verdict = self.loop.offer(payload, digest)
         node.worker.delivered(group, verdict.outcome)
-        if verdict.outcome not in ACKED:
+        if self.store is not None and self.store.rollouts:
+            node.in_store -= 1
+            self._maybe_generate(node)
+        elif verdict.outcome not in ACKED:
             self._maybe_generate(node)  # sync mode generates the missing group again
         self._maybe_train()
 

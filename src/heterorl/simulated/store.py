@@ -2,7 +2,8 @@
 (`cluster.learner_uplink_mbps`), the version becomes visible when its objects and manifest are up, and each
 sampler finds it at its next manifest poll (`transport.store.poll_seconds`, polls staggered across samplers) and
 downloads the cheapest chain over its own link (bandwidth, delay, faults). Rollout groups through the store reach
-the learner at its next listing after they are stored.
+the learner at its next listing after they are stored; a sampler with `max_pending_groups` groups stored and not
+yet taken waits, as a live sink does (verdicts reach it at once: the receipt poll is not modelled).
 
 The objects are real (the same `StorePublisher` and `StoreWeightSource` as a live run, over a `MemoryStore`);
 only time is modelled. Uploads run in the event loop's thread (`drain`), so retention and what each sampler finds
@@ -33,6 +34,7 @@ class SimStore:
     def __init__(self, cfg: RunConfig, loop: LearnerLoop, clock: Callable[[], float], n_samplers: int) -> None:
         store_cfg = cfg.transport.store
         self.poll_s = store_cfg.poll_seconds
+        self.max_pending = store_cfg.max_pending_groups
         self.objects = MemoryStore("memory://simulated")
         self.weights = cfg.transport.weights == "store"
         self.rollouts = cfg.transport.rollouts == "store"
