@@ -4,12 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format install clean vllm test-vllm
+.PHONY: demo test lint format install clean vllm test-vllm test-distributed test-ray test-heavy
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[dev,tasks,sinks,data]"
+	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[dev,tasks,sinks,data,store,store-test]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,6 +24,16 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# Heavy tiers, each its own command (CI runs them too: .ci/run): real torch.distributed ranks; a local Ray.
+test-distributed: $(STAMP)
+	$(BIN)/python -m pytest -q -m distributed
+
+test-ray: $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[ray]"
+	$(BIN)/python -m pytest -q -m ray
+
+test-heavy: test-distributed test-ray test-vllm
 
 format: $(STAMP)
 	$(BIN)/ruff format .

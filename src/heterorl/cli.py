@@ -157,18 +157,13 @@ def _live_errors() -> Iterator[None]:
     from heterorl.loop.distributed import DistributedSetupError
     from heterorl.transport.http.auth import TokenError
     from heterorl.transport.http.client import AuthError, LearnerUnreachableError
+    from heterorl.transport.store.objects import StoreSetupError
+    from heterorl.transport.store.source import StoreUnreachableError
 
+    failures = (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError)
     try:
         yield
-    except (
-        LiveSetupError,
-        TokenError,
-        LiveRunError,
-        LearnerUnreachableError,
-        AuthError,
-        DistributedSetupError,
-        LaunchError,
-    ) as exc:
+    except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError) as exc:
         typer.secho(f"{type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
 
@@ -268,17 +263,17 @@ def learner(
 def sampler(
     config: ConfigArg = None,
     set_: SetOpt = None,
-    connect: Annotated[str, typer.Option("--connect", help="The learner's URL, e.g. http://host:8470.")] = "",
+    connect: Annotated[
+        str, typer.Option("--connect", help="The learner's URL, e.g. http://host:8470 (not needed store-only).")
+    ] = "",
     index: Annotated[int, typer.Option("--index", help="Which node of cluster.samplers this is.")] = 0,
 ) -> None:
-    """Run one sampler against a learner service (outbound connections only); prints its event log."""
-    if not connect:
-        raise typer.BadParameter("--connect URL is required")
+    """Run one sampler against a learner service and/or an object store (outbound connections only)."""
     cfg = _load(config, set_)
     from heterorl.live.sampler_node import run_sampler
 
     with _live_errors():
-        run_sampler(cfg, connect, index)
+        run_sampler(cfg, connect or None, index)
 
 
 @app.command(cls=Command)

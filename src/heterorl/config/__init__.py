@@ -69,6 +69,7 @@ from heterorl.config.training import (
     RuntimeConfig,
     SamplerConfig,
 )
+from heterorl.config.transport import StoreConfig, TransportConfig, check_store_url
 
 __all__ = [
     "AGGREGATION_HELP",
@@ -120,14 +121,17 @@ __all__ = [
     "RuntimeConfig",
     "SamplerConfig",
     "SamplerNodeConfig",
+    "StoreConfig",
     "Strict",
     "TaskConfig",
     "TransformersEngineConfig",
+    "TransportConfig",
     "UniformDelay",
     "VLLMEngineConfig",
     "WeibullDelay",
     "WeightsConfig",
     "apply_overrides",
+    "check_store_url",
     "config_to_yaml",
     "load_config",
     "parse_override",

@@ -27,6 +27,9 @@ class ClusterConfig(Strict):
     )
     learner_step_seconds: float = Field(1.0, ge=0.0, description="Virtual cost of one learner step (s).")
     learner_seconds_per_token: float = Field(0.0, ge=0.0, description="Extra virtual cost per trained token (s).")
+    learner_uplink_mbps: float | None = Field(
+        None, gt=0.0, description="Learner's upload bandwidth shared by all it sends (simulator); None = unlimited."
+    )
     max_staleness: int | None = Field(None, ge=0, description="HeteroRL window: drop groups older than this.")
     eta: int | None = Field(None, ge=0, description="AReaL admission bound on versions ahead; 0 = synchronous.")
     max_queued_steps: int | None = Field(

@@ -27,6 +27,7 @@ from heterorl.config.training import (
     RuntimeConfig,
     SamplerConfig,
 )
+from heterorl.config.transport import TransportConfig
 
 
 class RunConfig(Strict):
@@ -45,6 +46,7 @@ class RunConfig(Strict):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     live: LiveConfig = Field(default_factory=LiveConfig)
+    transport: TransportConfig = Field(default_factory=TransportConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     ray: RayConfig = Field(default_factory=RayConfig)

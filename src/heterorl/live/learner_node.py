@@ -27,6 +27,7 @@ from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
+from heterorl.live.transports import check_transport_config, open_learner_store
 from heterorl.loop.build import build_learner, build_task, check_sinks, configure_torch, resolve_base_model
 from heterorl.loop.distributed import attach
 from heterorl.loop.journal import Journal, segment_indices
@@ -203,6 +204,7 @@ def serve_learner(
     wall_start = time.monotonic()
     host, port = parse_listen(listen)
     check_live_config(cfg)
+    check_transport_config(cfg)
     if run_dir is None:
         if resume:
             raise LiveSetupError("--resume needs --run-dir")
@@ -221,8 +223,20 @@ def serve_learner(
     with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress, log_path=log) as bar:
         live = open_learner(cfg, run_dir, base, resume=resume, bar=bar)
         live.loop.extra = {"base_model": str(base), "pretrain": pretrain_info, "clock": "wall"}
+        store = open_learner_store(live, resume)  # weights out / rollouts in through a store, when configured
         live.loop.start()  # the initial evaluation (fresh runs) and the current version's publication
-        asyncio.run(serve_app(live, token, host, port, address))
+        if store is not None:
+            store.start()
+        try:
+            asyncio.run(serve_app(live, token, host, port, address))
+        finally:
+            if store is not None:
+                store.close()  # after the last version's upload and the `finished` marker
+                live.events.emit("store", **store.summary())
+                if live.summary is not None:  # the summary was taken before the last upload finished
+                    traffic = live.loop.traffic
+                    live.summary.update(weight_bytes_sent=traffic.total_bytes, store=store.summary())
+                    live.summary["weight_bytes_full"] = traffic.total_full_bytes
     if live.summary is None:
         return None
     summary = {**live.summary, "wall_seconds": time.monotonic() - wall_start}

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     learner.add_argument("--progress", action="store_true")
     sampler = roles.add_parser("sampler")
     sampler.add_argument("config")
-    where = sampler.add_mutually_exclusive_group(required=True)
+    where = sampler.add_mutually_exclusive_group()  # neither: a store-only sampler (transport: store)
     where.add_argument("--connect", help="The learner's URL.")
     where.add_argument("--connect-file", help="Wait for the learner to write its URL into this file (JSON).")
     sampler.add_argument("--index", type=int, default=0)
@@ -49,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from heterorl.live.sampler_node import run_sampler
 
-        url = args.connect or wait_for_url_file(Path(args.connect_file), cfg.live.startup_timeout_s)
+        url = args.connect
+        if args.connect_file:
+            url = wait_for_url_file(Path(args.connect_file), cfg.live.startup_timeout_s)
         run_sampler(cfg, url, args.index)
     return 0
 

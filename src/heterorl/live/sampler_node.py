@@ -1,17 +1,19 @@
 """`heterorl sampler`: a sampler worker (`heterorl.loop.sampler_loop`) driven on the wall clock, connected out to
-the learner service.
+the learner service or to an object store (`transport:` in the config; transport/base.py is the interface).
 
 Three concurrent activities on one event loop:
-- pull: long-polls GET /v1/weights with the (version, hash) it holds and hands each update to the worker, which
-  applies it hash-checked or refuses it (then the next pull asks for a snapshot);
+- pull: asks the weight source (a long-poll of GET /v1/weights, or the store's manifest) with the (version, hash)
+  it holds and hands each update to the worker, which applies it hash-checked or refuses it (then the next pull
+  asks for a snapshot);
 - generate (a worker thread, torch): `worker.wants()` groups at a time — a chunk in async mode (after the
   learner's admission when `cluster.eta` is set), its share of each new version in sync mode, generating again
   what the learner did not acknowledge; with `sampler.interruptible` newer weights load between decoding steps;
-- push: POSTs each group (same bytes on every retry, so the learner de-duplicates) and reports the outcome.
+- push: sends each group (same bytes on every retry, so the learner de-duplicates) and reports the learner's
+  verdict; over HTTP one at a time, through a store up to `max_pending_groups` await theirs at once.
 The outbox holds at most one chunk, so a sampler whose pushes stall (learner away, queue full) stops generating.
 
 Group ids are `<sampler>:<n>@<boot id>`; the random boot id keeps them unique across restarts of the process.
-Stops when the learner says the run is finished (410).
+Stops when the learner says the run is finished (410, or the store's `finished` marker).
 """
 
 from __future__ import annotations
@@ -27,15 +29,18 @@ from typing import Any
 from heterorl.config import RunConfig
 from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, check_node_index
+from heterorl.live.transports import check_transport_config, sampler_needs_http, sampler_transport, store_counts
 from heterorl.loop.build import build_sampler, configure_torch, sampler_seed
 from heterorl.loop.intake import ACKED, body_digest
 from heterorl.loop.sampler_loop import SamplerWorker
 from heterorl.policy import run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
+from heterorl.transport.base import SamplerTransport
 from heterorl.transport.emulation import LinkEmulator
 from heterorl.transport.http.auth import configured_token
 from heterorl.transport.http.client import FINISHED, FINISHED_WAIT, Backoff, LearnerClient
+from heterorl.transport.http.sink import http_transport
 from heterorl.weights.envelope import EnvelopeError, decode_update
 
 
@@ -46,14 +51,18 @@ class LiveSampler:
         self,
         cfg: RunConfig,
         worker: SamplerWorker,
-        client: LearnerClient,
+        transport: SamplerTransport | LearnerClient,
         link: LinkEmulator,
         events: EventLog,
         boot: str,
     ) -> None:
-        self.cfg, self.worker, self.client, self.link, self.events, self.boot = cfg, worker, client, link, events, boot
-        cc = cfg.cluster
-        self.admission = cc.mode == "async" and (cc.eta is not None or cc.max_queued_steps is not None)
+        if isinstance(transport, LearnerClient):
+            transport = http_transport(transport)
+        self.cfg, self.worker, self.transport, self.link, self.events = cfg, worker, transport, link, events
+        self.boot = boot
+        cc = cfg.cluster  # AReaL's eta and backpressure are asked of the learner (over HTTP) before each chunk
+        wanted = cc.mode == "async" and (cc.eta is not None or cc.max_queued_steps is not None)
+        self.admission = transport.admission if wanted else None
         self.started = time.monotonic()
         self.busy_seconds = 0.0
         self.counts: Counter[str] = Counter()
@@ -103,7 +112,7 @@ class LiveSampler:
         while not self.finished.is_set():
             version, held_hash = self.worker.held()
             wait = self.cfg.live.poll_seconds if version is not None else 0.0
-            got = await self.client.pull(version, held_hash, wait, self.idle(), self.worker.failed)
+            got = await self.transport.weights.pull(version, held_hash, wait, self.idle(), self.worker.failed)
             if got == FINISHED:
                 self._finish()
                 return
@@ -167,8 +176,8 @@ class LiveSampler:
             if n == 0:
                 await self._wait_for_change()  # new weights, or (sync mode) an answer that asks for more
                 continue
-            if self.admission:
-                wait = await self.client.admit(n, self.worker.version)
+            if self.admission is not None:
+                wait = await self.admission.admit(n, self.worker.version)
                 if wait == FINISHED_WAIT:
                     self._finish()
                     return
@@ -187,46 +196,75 @@ class LiveSampler:
 
     # ---------------------------------------------------------------- rollouts
     async def _push_loop(self) -> None:
-        while True:
+        """Send groups in order; settle each with the learner's verdict. At most `max_in_flight` groups await a
+        verdict at once (HTTP: 1, so each POST is answered before the next goes out)."""
+        settling: set[asyncio.Task[None]] = set()
+        limit = self.transport.rollouts.max_in_flight
+        while not self.finished.is_set():
             group, payload, future = await self.outbox.get()
             digest = body_digest(payload)  # of the bytes as generated: corruption on the way is detected
-            outcomes = [await self.client.push(p, digest) for p in await self.link.outbound(payload)]
-            outcome = next((o for o in ACKED if o in outcomes), outcomes[-1] if outcomes else "dropped")
-            self.counts[outcome] += 1
-            self.worker.delivered(group, outcome)
-            self.events.emit("pushed", group_id=group.group_id, outcome=outcome)
-            if not future.done():
-                future.set_result(outcome)
-            self._signal()
-            if outcome == FINISHED:
-                self._finish()
-                return
+            verdicts = [await self.transport.rollouts.send(p, digest) for p in await self.link.outbound(payload)]
+            settling.add(asyncio.create_task(self._settle(group, verdicts, future)))
+            while settling and (len(settling) >= limit or any(t.done() for t in settling)):
+                done, settling = await asyncio.wait(settling, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    task.result()  # a transport that gave up raises here
+
+    async def _settle(self, group: RolloutGroup, verdicts: list, future: asyncio.Future[str]) -> None:
+        outcomes = [await v for v in verdicts]
+        outcome = next((o for o in ACKED if o in outcomes), outcomes[-1] if outcomes else "dropped")
+        self.counts[outcome] += 1
+        self.worker.delivered(group, outcome)
+        self.events.emit("pushed", group_id=group.group_id, outcome=outcome)
+        if not future.done():
+            future.set_result(outcome)
+        self._signal()
+        if outcome == FINISHED:
+            self._finish()
 
 
-async def _connect_and_run(cfg: RunConfig, url: str, token: str, worker: SamplerWorker) -> dict[str, Any]:
+async def _connect_and_run(cfg: RunConfig, url: str | None, token: str | None, worker: SamplerWorker) -> dict[str, Any]:
     boot = secrets.token_hex(6)
     events = EventLog(sampler=worker.name, boot=boot)
-    rng = random.Random(sampler_seed(cfg.seed, worker.index))
-    async with LearnerClient(url, token, cfg.live, worker.name, rng, events) as client:
-        status = await client.status()
-        events.emit("started", url=url, learner_version=status.get("version"), finished=status.get("finished"))
-        if status.get("finished"):
-            return {"sampler": worker.name, "boot": boot, "version": None, "outcomes": {}}
+    seed = sampler_seed(cfg.seed, worker.index)
+    async with sampler_transport(cfg, worker.name, url, token, seed, events, boot) as transport:
+        learner_version = None
+        if isinstance(transport.weights, LearnerClient) or isinstance(transport.admission, LearnerClient):
+            client = transport.weights if isinstance(transport.weights, LearnerClient) else transport.admission
+            assert isinstance(client, LearnerClient)
+            status = await client.status()
+            learner_version = status.get("version")
+            if status.get("finished"):
+                events.emit("started", url=url, learner_version=learner_version, finished=True)
+                return {"sampler": worker.name, "boot": boot, "version": None, "outcomes": {}}
+        events.emit("started", url=url, store=cfg.transport.store.url, learner_version=learner_version, finished=False)
         index = worker.index
         link = LinkEmulator(cfg.cluster.samplers[index].link if cfg.live.emulate_links else None, cfg.seed, index)
-        return await LiveSampler(cfg, worker, client, link, events, boot).run()
+        result = await LiveSampler(cfg, worker, transport, link, events, boot).run()
+        counts = store_counts(transport)
+        if counts:
+            events.emit("store_counts", **counts)
+        return {**result, "store": counts}
 
 
-def run_sampler(cfg: RunConfig, connect: str, index: int = 0) -> dict[str, Any]:
-    """Run sampler node `index` of `cfg` against the learner at `connect` until the run is finished."""
+def run_sampler(cfg: RunConfig, connect: str | None, index: int = 0) -> dict[str, Any]:
+    """Run sampler node `index` of `cfg` until the run is finished: against the learner at `connect` and/or the
+    configured store (`connect` may be None when nothing travels over HTTP and `cluster.eta` is unset)."""
     check_live_config(cfg)
     check_node_index(cfg, index)
-    token = configured_token(cfg.live)
-    if token is None:
-        raise LiveSetupError(f"no token: set ${cfg.live.token_env} (or live.token_file) to the learner's token")
+    check_transport_config(cfg)
+    why = sampler_needs_http(cfg)
+    token = None
+    if why is not None:
+        if not connect:
+            raise LiveSetupError(f"the sampler needs the learner's URL (--connect) because {why}")
+        token = configured_token(cfg.live)
+        if token is None:
+            raise LiveSetupError(f"no token: set ${cfg.live.token_env} (or live.token_file) to the learner's token")
     configure_torch(cfg)
     sampler = build_sampler(cfg, index, base=None)
     try:
-        return asyncio.run(_connect_and_run(cfg, connect, token, SamplerWorker(cfg, index, sampler)))
+        url = connect if why is not None else None
+        return asyncio.run(_connect_and_run(cfg, url, token, SamplerWorker(cfg, index, sampler)))
     finally:
         sampler.engine.close()

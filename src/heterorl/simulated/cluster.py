@@ -7,7 +7,9 @@ Generation, training and weight encoding run for real (`heterorl.loop`); only ti
   the link's faults applied to its bytes.
 
 Weights are pushed: a published version goes to every sampler at once, as the store's smallest update from what
-the sampler was last sent (a patch chain over a FIFO path, snapshots as the store decides). An update the
+the sampler was last sent (a patch chain over a FIFO path, snapshots as the store decides), each copy through the
+learner's uplink (`cluster.learner_uplink_mbps`) first. With `transport.weights: store` the learner uploads each
+version once instead and samplers pull it at their next manifest poll (`heterorl.simulated.store`). An update the
 sampler refuses (corrupt, wrong base) makes it ask again from what it holds (a snapshot); a lost one is asked for
 again `link.retry_seconds` later. Rollout groups travel as their wire bytes and enter the learner through the
 same intake as in a live cluster (validation, de-duplication, counters).
@@ -30,7 +32,9 @@ from heterorl.policy import run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
 from heterorl.simulated.events import EventLoop
-from heterorl.transport.simulated import SimPath
+from heterorl.simulated.store import SimStore
+from heterorl.transport.simulated import SimPath, SimUplink
+from heterorl.transport.store.manifest import Manifest
 from heterorl.weights import Update
 from heterorl.weights.envelope import EnvelopeError, decode_update, encode_update, envelope_nbytes
 
@@ -66,6 +70,7 @@ class SimNode:
     generating: bool = False
     started_at: float = 0.0
     busy_seconds: float = 0.0
+    in_store: int = 0  # groups stored but not yet taken by the learner (rollouts through the store)
 
     @property
     def name(self) -> str:
@@ -89,6 +94,8 @@ class SimulatedCluster:
             )
         self.learner_busy = False
         self.warning = overgeneration_warning(cfg)
+        self.uplink = SimUplink(cc.learner_uplink_mbps)
+        self.store = SimStore(cfg, loop, lambda: events.now, len(workers)) if cfg.transport.uses_store else None
 
     # ------------------------------------------------------------------ running
     def run(self) -> None:
@@ -116,33 +123,71 @@ class SimulatedCluster:
                     "faults_rollout": dict(n.rollout.faults),
                 }
                 for n in self.nodes
-            }
+            },
+            **({} if self.store is None else {"store": self.store.summary()}),
         }
 
     # ------------------------------------------------------------------ weights path
     def _send_newest(self) -> None:
         """Push the newest version to every sampler: the smallest update from what it was sent before."""
         self.loop.publisher.result()
+        if self.store is not None and self.store.weights:
+            self._upload_to_store()
+            return
         for node in self.nodes:
             self._send_update(node)
 
     def _send_update(self, node: SimNode) -> None:
+        if self.store is not None and self.store.weights:
+            self._store_poll(node)
+            return
         update = self.loop.store.update_for(*node.sent)
         if update.kind == "noop":
             return
         node.sent = (update.version, update.state_hash)
         nbytes = envelope_nbytes(update)  # what it costs on the wire, framed as a live transport sends it
         self.loop.traffic.sent(update.version, nbytes, self.loop.full_update_nbytes())
+        self._deliver(node, update, nbytes, self.uplink.done_at(self.events.now, nbytes))
+
+    def _deliver(self, node: SimNode, update: Update, nbytes: int, start: float, envelope: bytes | None = None) -> None:
+        """Send `update` (`nbytes` on the wire) over the node's weights path from `start`."""
         label = f"weights v{update.version} -> {node.name}"
         if not node.weights.lossy:  # nothing can alter it on the way: no need to frame it
-            at = node.weights.arrival(self.events.now, nbytes)
+            at = node.weights.arrival(start, nbytes)
             self.events.schedule(at, self._weights_arrive, node, update, label=label)
             return
-        deliveries = node.weights.send(self.events.now, encode_update(update))
+        deliveries = node.weights.send(start, envelope or encode_update(update))
         for d in deliveries:
             self.events.schedule(d.at, self._weights_arrive, node, d.payload, label=label)
         if not deliveries:  # lost: the sampler asks again after its retry delay
             self.events.schedule_in(node.retry_seconds, self._resend, node, label=f"retry -> {node.name}")
+
+    # ------------------------------------------------------------------ weights through the store
+    def _upload_to_store(self) -> None:
+        """The learner uploads the new version's objects once; they are visible when the upload is done."""
+        assert self.store is not None
+        nbytes, manifest = self.store.upload()
+        if manifest is not None:
+            at = self.uplink.done_at(self.events.now, nbytes)
+            self.events.schedule(at, self._store_visible, manifest, label=f"store v{manifest.latest[0]} visible")
+
+    def _store_visible(self, manifest: Manifest) -> None:
+        assert self.store is not None
+        self.store.visible = manifest
+        for i, node in enumerate(self.nodes):
+            at = self.store.next_poll(i, self.events.now)
+            self.events.schedule(at, self._store_poll, node, label=f"{node.name} polls the manifest")
+
+    def _store_poll(self, node: SimNode) -> None:
+        """The sampler downloads the cheapest chain from what it will hold to the visible version."""
+        assert self.store is not None
+        got = self.store.fetch(node.worker.index, node.sent)
+        if got is None:
+            return
+        envelope, nbytes = got
+        update = decode_update(envelope)
+        node.sent = (update.version, update.state_hash)
+        self._deliver(node, update, nbytes, self.events.now, envelope)
 
     def _resend(self, node: SimNode) -> None:
         node.sent = node.worker.held()
@@ -165,6 +210,8 @@ class SimulatedCluster:
     def _maybe_generate(self, node: SimNode) -> None:
         if node.generating or self.loop.done:
             return
+        if self.store is not None and self.store.rollouts and node.in_store >= self.store.max_pending:
+            return  # the sink's backpressure: wait until the learner has taken some
         n = node.worker.wants()
         if n == 0 or not self.loop.admit(n, node.worker.version):
             return
@@ -199,7 +246,11 @@ class SimulatedCluster:
             digest = body_digest(payload) if node.rollout.lossy else None
             deliveries = node.rollout.send(self.events.now, payload)
             for d in deliveries:
-                self.events.schedule(d.at, self._group_arrives, node, g, d.payload, digest, label=f"group {g.group_id}")
+                at = d.at
+                if self.store is not None and self.store.rollouts:
+                    at = self.store.next_listing(d.at)
+                    node.in_store += 1
+                self.events.schedule(at, self._group_arrives, node, g, d.payload, digest, label=f"group {g.group_id}")
             if not deliveries:
                 node.worker.delivered(g, "dropped")
                 self.loop.release(1)
@@ -209,7 +260,10 @@ class SimulatedCluster:
     def _group_arrives(self, node: SimNode, group: RolloutGroup, payload: bytes, digest: str | None) -> None:
         verdict = self.loop.offer(payload, digest)
         node.worker.delivered(group, verdict.outcome)
-        if verdict.outcome not in ACKED:
+        if self.store is not None and self.store.rollouts:
+            node.in_store -= 1
+            self._maybe_generate(node)
+        elif verdict.outcome not in ACKED:
             self._maybe_generate(node)  # sync mode generates the missing group again
         self._maybe_train()
 

@@ -52,3 +52,21 @@ class SimPath:
             self.faults["reorder"] += d.reordered and not d.duplicate
             self.faults["corrupt"] += d.corrupted and not d.duplicate
         return deliveries
+
+
+@dataclass
+class SimUplink:
+    """The learner's own upload link, shared by everything it sends (one transmission at a time, no delay: the
+    receiver's link adds its own). None bandwidth: unlimited, and nothing waits."""
+
+    bandwidth_mbps: float | None
+    free_at: float = 0.0
+    bytes_sent: int = 0
+
+    def done_at(self, now: float, nbytes: int) -> float:
+        """When `nbytes` handed over at `now` have left the learner (advances the link's state)."""
+        self.bytes_sent += nbytes
+        if self.bandwidth_mbps is None:
+            return now
+        self.free_at = max(now, self.free_at) + bandwidth_seconds(nbytes, self.bandwidth_mbps)
+        return self.free_at
