@@ -23,7 +23,9 @@ import random
 import secrets
 import time
 from collections import Counter
+from collections.abc import Generator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from heterorl.config import RunConfig
@@ -42,6 +44,22 @@ from heterorl.transport.http.auth import configured_token
 from heterorl.transport.http.client import FINISHED, FINISHED_WAIT, Backoff, LearnerClient
 from heterorl.transport.http.sink import http_transport
 from heterorl.weights.envelope import EnvelopeError, decode_update
+
+
+@dataclass
+class _Chunk:
+    """One chunk being generated (a `SamplerWorker.generate` process) and when it started."""
+
+    process: Generator[int, None, list[RolloutGroup]]
+    began: float
+    wall: float
+    groups: list[RolloutGroup] | None = None
+
+    def step(self) -> None:
+        try:
+            next(self.process)
+        except StopIteration as end:
+            self.groups = end.value
 
 
 class LiveSampler:
@@ -157,33 +175,96 @@ class LiveSampler:
         began, wall = time.monotonic(), time.time()
         groups = run_process(self.worker.generate(n))
         self.busy_seconds += time.monotonic() - began
+        return self._finished_chunk(groups, began, wall, in_flight=1)
+
+    def _finished_chunk(
+        self, groups: list[RolloutGroup], began: float, wall: float, in_flight: int
+    ) -> list[RolloutGroup]:
         for g in groups:
             g.group_id = f"{g.group_id}@{self.boot}"
             g.created_at, g.finished_at = wall, time.time()
-        self.events.emit(
-            "generated", n=len(groups), version=self.worker.version, seconds=round(time.monotonic() - began, 3)
-        )
+        seconds = round(time.monotonic() - began, 3)
+        self.events.emit("generated", n=len(groups), version=self.worker.version, seconds=seconds, in_flight=in_flight)
         return groups
+
+    # continuous batching: several chunks in flight on one engine (thread-side helpers, all in the generation thread)
+    def _wants_now(self, running: int) -> int:
+        """Like `_wants`, but a non-interruptible rollout takes new weights only once nothing is in flight."""
+        return self.worker.wants(load=running == 0 or self.worker.interruptible)
+
+    def _start(self, n: int) -> _Chunk:
+        chunk = _Chunk(self.worker.generate(n), time.monotonic(), time.time())
+        chunk.step()  # submit it: it joins the engine's running batch
+        return chunk
+
+    def _step_all(self, running: list[_Chunk]) -> list[RolloutGroup]:
+        """Advance every chunk in flight by one engine step; the groups of those that finished."""
+        began = time.monotonic()
+        done: list[RolloutGroup] = []
+        for chunk in running:
+            if chunk.groups is None:
+                chunk.step()
+            if chunk.groups is not None:
+                done += self._finished_chunk(chunk.groups, chunk.began, chunk.wall, in_flight=len(running))
+        running[:] = [c for c in running if c.groups is None]
+        self.busy_seconds += time.monotonic() - began
+        return done
 
     async def _wait_for_change(self) -> None:
         if not self.finished.is_set():
             await self.changed.wait()
 
+    async def _admitted(self, n: int) -> bool | None:
+        """Ask the learner's admission (when configured): True granted, False wait, None the run is finished."""
+        if self.admission is None:
+            return True
+        wait = await self.admission.admit(n, self.worker.version)
+        if wait == FINISHED_WAIT:
+            self._finish()
+            return None
+        if wait is not None:
+            await asyncio.wait([asyncio.create_task(self._wait_for_change())], timeout=wait)
+            return False
+        return True
+
+    async def _generate_continuously(self, limit: int) -> None:
+        """Async mode on an engine that batches continuously (vLLM): up to `limit` chunks in flight; a new chunk
+        joins the running batch as soon as the learner admits it, instead of waiting for the previous one to end."""
+        loop = asyncio.get_running_loop()
+        running: list[_Chunk] = []
+        while not self.finished.is_set():
+            while len(running) < limit:
+                n = await loop.run_in_executor(self.gen_pool, self._wants_now, len(running))
+                if n == 0:
+                    break
+                admitted = await self._admitted(n)
+                if admitted is None:
+                    return
+                if not admitted:
+                    break
+                running.append(await loop.run_in_executor(self.gen_pool, self._start, n))
+            if not running:
+                await asyncio.wait([asyncio.create_task(self._wait_for_change())], timeout=1.0)
+                continue
+            for group in await loop.run_in_executor(self.gen_pool, self._step_all, running):
+                await self._enqueue(group)
+
     async def _generate_loop(self) -> None:
+        limit = self.worker.sampler.engine.chunks_in_flight
+        if not self.worker.sync and limit > 1:
+            await self._generate_continuously(limit)
+            return
         loop = asyncio.get_running_loop()
         while not self.finished.is_set():
             n = await loop.run_in_executor(self.gen_pool, self._wants)
             if n == 0:
                 await self._wait_for_change()  # new weights, or (sync mode) an answer that asks for more
                 continue
-            if self.admission is not None:
-                wait = await self.admission.admit(n, self.worker.version)
-                if wait == FINISHED_WAIT:
-                    self._finish()
-                    return
-                if wait is not None:
-                    await asyncio.wait([asyncio.create_task(self._wait_for_change())], timeout=wait)
-                    continue
+            admitted = await self._admitted(n)
+            if admitted is None:
+                return
+            if not admitted:
+                continue
             groups = await loop.run_in_executor(self.gen_pool, self._generate, n)
             answers = [await self._enqueue(g) for g in groups]
             if self.worker.sync:
