@@ -1,0 +1,186 @@
+"""Realistic weight-update steps for codec measurements: bf16 versions of a model one optimizer step apart.
+
+Three sources, shared by the benchmarks (`heterorl sync bench --step ...`, benchmarks/pulse_entropy.py) and
+the tests:
+
+* `noise_step`: synthetic fp32 master weights (N(0, 0.02), norm weights 1 + N(0, 0.02), in a Qwen/Llama-like
+  set of shapes) plus an Adam-like update lr * z with z ~ N(0, 1) per element, both views rounded to bf16.
+  Unlike bench.synthetic_step's lr * sign(g) (Adam's first step exactly), the step sizes vary per element, as
+  they do after the first few Adam steps.
+* `qwen3_versions`: a ~100M-parameter Qwen3 (full 151,936-token vocabulary, tied embeddings as Qwen3-0.6B,
+  random init from transformers) taking real AdamW SFT steps on procedurally generated token sequences, fp32
+  master weights, publishing the bf16 view after every step as `Learner.export_weights` does.
+* `demo_versions`: the demo run's RL steps: the cached demo base model (`heterorl pretrain configs/demo.yaml`),
+  a real `Learner` (GEPO, the demo config's lr) trained on groups that a real `Sampler` generates and scores.
+
+The real-training sources take minutes on 2 CPU cores, so their versions are cached as safetensors under
+`$HETERORL_CACHE/pulse-steps/<key>/`, keyed by every argument that determines them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from heterorl.weights.bench import synthetic_shapes
+
+Versions = list[dict[str, torch.Tensor]]
+
+QWEN3_VOCAB = 151_936
+
+
+def noise_step(
+    num_params: int = 70_000_000, lr: float = 1e-6, seed: int = 0
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(base, new) bf16: masters w ~ N(0, 0.02) (norms 1 + N(0, 0.02)), new = w - lr * z, z ~ N(0, 1)."""
+    gen = torch.Generator().manual_seed(seed)
+    base, new = {}, {}
+    for name, shape in synthetic_shapes(num_params).items():
+        master = torch.randn(shape, generator=gen).mul_(0.02)
+        if name.endswith("norm.weight"):
+            master += 1.0
+        base[name] = master.bfloat16()
+        new[name] = master.sub_(torch.randn(shape, generator=gen).mul_(lr)).bfloat16()
+        del master
+    return base, new
+
+
+def _cached(key: dict, build: Callable[[], Versions], refresh: bool = False) -> Versions:
+    """Versions from the cache directory for `key`, building and saving them first if absent."""
+    from safetensors.torch import load_file, save_file
+
+    from heterorl.pretrain import cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    out = cache_dir() / "pulse-steps" / f"{key['source']}-{digest}"
+    marker = out / "key.json"
+    if marker.is_file() and not refresh:
+        count = json.loads(marker.read_text())["versions"]
+        return [load_file(out / f"v{i}.safetensors") for i in range(count)]
+    versions = build()
+    out.mkdir(parents=True, exist_ok=True)
+    for i, weights in enumerate(versions):
+        save_file(weights, out / f"v{i}.safetensors")
+    marker.write_text(json.dumps({**key, "versions": len(versions)}, sort_keys=True) + "\n")
+    return versions
+
+
+def qwen3_config(hidden: int = 512, layers: int = 4, vocab: int = QWEN3_VOCAB):
+    """A Qwen3 config shaped like Qwen3-0.6B (GQA 2:1, head_dim 64 here, tied embeddings), scaled down."""
+    from transformers import Qwen3Config
+
+    heads = max(1, hidden // 64)
+    return Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=64,
+        tie_word_embeddings=True,
+        max_position_embeddings=1024,
+    )
+
+
+def procedural_tokens(batch: int, length: int, vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """Token sequences [batch, length] with learnable structure over the whole vocabulary.
+
+    Each sequence picks a Zipf-distributed "topic" token range (so frequent and rare ids both occur) and
+    repeats a short random motif from it with random substitutions: a model can learn to copy the motif.
+    """
+    ranks = torch.arange(1, vocab + 1, dtype=torch.float64)
+    zipf = ranks.pow(-1.1)
+    out = torch.empty(batch, length, dtype=torch.long)
+    for b in range(batch):
+        motif = torch.multinomial(zipf, 8, replacement=True, generator=gen)
+        seq = motif.repeat(-(-length // 8))[:length].clone()
+        noise = torch.rand(length, generator=gen) < 0.15
+        seq[noise] = torch.multinomial(zipf, int(noise.sum()), replacement=True, generator=gen)
+        out[b] = seq
+    return out
+
+
+def qwen3_versions(
+    steps: int = 4,
+    lr: float = 1e-5,
+    *,
+    hidden: int = 512,
+    layers: int = 4,
+    batch: int = 4,
+    length: int = 128,
+    weight_decay: float = 0.01,
+    seed: int = 0,
+    refresh: bool = False,
+) -> Versions:
+    """bf16 views of a ~100M-parameter Qwen3 before and after each of `steps` AdamW SFT steps (cached)."""
+    key = {
+        "source": "qwen3",
+        "steps": steps,
+        "lr": lr,
+        "hidden": hidden,
+        "layers": layers,
+        "batch": batch,
+        "length": length,
+        "weight_decay": weight_decay,
+        "seed": seed,
+        "format": 1,
+    }
+
+    def build() -> Versions:
+        from transformers import Qwen3ForCausalLM
+
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(qwen3_config(hidden, layers)).float().train()
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
+        gen = torch.Generator().manual_seed(seed + 1)
+        versions = [_bf16_view(model)]
+        for _ in range(steps):
+            ids = procedural_tokens(batch, length, model.config.vocab_size, gen)
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            versions.append(_bf16_view(model))
+        return versions
+
+    return _cached(key, build, refresh)
+
+
+def demo_versions(steps: int = 6, *, seed: int = 0, refresh: bool = False) -> Versions:
+    """bf16 views of the demo's learner (configs/demo.yaml: GEPO, lr 1e-4) before and after `steps` RL steps."""
+    from heterorl.config import load_config
+    from heterorl.run import make_learner, make_sampler, resolve_base_model
+
+    config_path = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"
+    cfg = load_config(config_path if config_path.is_file() else None, [f"seed={seed}"])
+    base, _ = resolve_base_model(cfg, show_progress=False)
+    key = {"source": "demo", "steps": steps, "seed": seed, "base": Path(base).name, "lr": cfg.learner.lr, "format": 1}
+
+    def build() -> Versions:
+        torch.manual_seed(seed)
+        learner = make_learner(cfg, base)
+        sampler = make_sampler(cfg, base, 0)
+        versions = [learner.export_weights()]
+        for _ in range(steps):
+            sampler.load_weights(learner.version, versions[-1])
+            learner.train_step(sampler.generate_groups(cfg.learner.groups_per_step))
+            versions.append(learner.export_weights())
+        return versions
+
+    return _cached(key, build, refresh)
+
+
+def _bf16_view(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What a sampler receives: each parameter once (tied weights under their first name), cast to bf16."""
+    return {name: p.detach().to(torch.bfloat16, copy=True) for name, p in model.named_parameters()}
+
+
+def num_params(weights: dict[str, torch.Tensor]) -> int:
+    return sum(math.prod(t.shape) for t in weights.values())
