@@ -125,8 +125,36 @@ def encode_patch(
     threads (numpy, xxhash and zstd release the GIL for most of the work). Tensors on an accelerator are diffed
     there (diffscan.py).
     """
+    hashes, versions = (base_hash, new_hash), (base_version, new_version)
+    v1, v2 = encode_patches(
+        base,
+        new,
+        level=level,
+        hashes=hashes,
+        versions=versions,
+        workers=workers,
+        formats=(CTX_FORMAT_VERSION,) if context else (FORMAT_VERSION,),
+    )
+    out = v2 if context else v1
+    assert out is not None
+    return out
+
+
+def encode_patches(
+    base: StateDict,
+    new: StateDict,
+    *,
+    level: int = 1,
+    hashes: tuple[str | None, str | None] = (None, None),
+    versions: tuple[int | None, int | None] = (None, None),
+    workers: int = 1,
+    formats: Sequence[int] = (FORMAT_VERSION, CTX_FORMAT_VERSION),
+) -> tuple[bytes | None, bytes | None]:
+    """(v1 patch, v2 patch) from one diff of `base` and `new`, each only if its format version is in `formats`
+    (None otherwise). See `encode_patch` for the arguments."""
     check_same_layout(base, new)
     names = sorted(base)
+    base_hash, new_hash = hashes
     hash_base, hash_new = base_hash is None, new_hash is None
     scans = parallel_map(lambda n: scan(base[n], new[n], hash_base, hash_new), names, workers)
     if hash_base:
@@ -137,15 +165,16 @@ def encode_patch(
     assert new_hash is not None
     layouts = [(n, base[n].dtype, tuple(base[n].shape)) for n in names]
     changes = [(s[0], s[1]) for s in scans]
-    if context:
+    v1 = v2 = None
+    if CTX_FORMAT_VERSION in formats:
         base_bits = [bits_view(base[n].detach().cpu()) for n in names]
-        return _assemble_v2(
-            layouts, base_bits, changes, (base_hash, new_hash), (base_version, new_version), level, workers
+        v2 = _assemble_v2(layouts, base_bits, changes, (base_hash, new_hash), versions, level, workers)
+    if FORMAT_VERSION in formats:
+        results = parallel_map(
+            lambda i: plain.encode_tensor(*changes[i], base[names[i]].numel(), level), list(range(len(names))), workers
         )
-    results = parallel_map(
-        lambda i: plain.encode_tensor(*changes[i], base[names[i]].numel(), level), list(range(len(names))), workers
-    )
-    return _assemble(layouts, results, (base_hash, new_hash), (base_version, new_version), FORMAT_VERSION)
+        v1 = _assemble(layouts, results, (base_hash, new_hash), versions, FORMAT_VERSION)
+    return v1, v2
 
 
 def _assemble_v2(
