@@ -1,11 +1,13 @@
 """Realistic weight-update steps for codec measurements: bf16 versions of a model one optimizer step apart.
 
-Three sources, shared by the benchmarks (`heterorl sync bench --step ...`, benchmarks/pulse_entropy.py) and
-the tests:
+Sources, shared by the benchmarks (`heterorl sync bench --step ...`, benchmarks/pulse_bench.py) and the tests:
 
+* `synthetic_step`: fp32 masters in Llama-like shapes and one update w - lr * sign(g) (Adam's first step), or
+  with `change_rate` that share of bf16 elements moved by one ULP at uniformly random positions (no context
+  can help there: the positions do not depend on anything the receiver knows);
 * `noise_step`: synthetic fp32 master weights (N(0, 0.02), norm weights 1 + N(0, 0.02), in a Qwen/Llama-like
   set of shapes) plus an Adam-like update lr * z with z ~ N(0, 1) per element, both views rounded to bf16.
-  Unlike bench.synthetic_step's lr * sign(g) (Adam's first step exactly), the step sizes vary per element, as
+  Unlike synthetic_step's lr * sign(g) (Adam's first step exactly), the step sizes vary per element, as
   they do after the first few Adam steps.
 * `qwen3_versions`: a ~100M-parameter Qwen3 (full 151,936-token vocabulary, tied embeddings as Qwen3-0.6B,
   random init from transformers) taking real AdamW SFT steps on procedurally generated token sequences, fp32
@@ -27,11 +29,57 @@ from pathlib import Path
 
 import torch
 
-from heterorl.weights.bench import synthetic_shapes
-
 Versions = list[dict[str, torch.Tensor]]
+Pair = tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]
 
 QWEN3_VOCAB = 151_936
+
+
+def synthetic_shapes(num_params: int) -> dict[str, tuple[int, ...]]:
+    """A decoder-only transformer's tensor shapes totalling roughly `num_params` (hidden d, GQA kv = d/4)."""
+    d = max(64, 2 ** round(math.log2(math.sqrt(num_params / (24 * 10.5)))))
+    ff = max(64, round(8 * d / 3 / 64) * 64)
+    vocab = min(32768, 8 * d)
+    per_layer = 2 * d * d + 2 * d * (d // 4) + 3 * d * ff + 2 * d
+    layers = max(1, round((num_params - vocab * d - d) / per_layer))
+    shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (vocab, d), "norm.weight": (d,)}
+    for i in range(layers):
+        p = f"layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (d, d),
+            p + "self_attn.k_proj.weight": (d // 4, d),
+            p + "self_attn.v_proj.weight": (d // 4, d),
+            p + "self_attn.o_proj.weight": (d, d),
+            p + "mlp.gate_proj.weight": (ff, d),
+            p + "mlp.up_proj.weight": (ff, d),
+            p + "mlp.down_proj.weight": (d, ff),
+            p + "input_layernorm.weight": (d,),
+            p + "post_attention_layernorm.weight": (d,),
+        }
+    return shapes
+
+
+def synthetic_step(
+    num_params: int, change_rate: float | None, lr: float, seed: int
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(base, new) bf16 state dicts one optimizer step apart; generated tensor by tensor to bound memory."""
+    gen = torch.Generator().manual_seed(seed)
+    base, new = {}, {}
+    for name, shape in synthetic_shapes(num_params).items():
+        master = torch.randn(shape, generator=gen).mul_(0.02)
+        if name.endswith("norm.weight"):
+            master += 1.0
+        base[name] = master.bfloat16()
+        if change_rate is None:
+            step = torch.randn(shape, generator=gen).sign_().mul_(lr)
+            new[name] = master.sub_(step).bfloat16()
+        else:
+            bits = base[name].view(torch.int16)
+            ulp = torch.randint(0, 2, shape, generator=gen, dtype=torch.int16).mul_(2).sub_(1)
+            moved = torch.rand(shape, generator=gen) < change_rate
+            new[name] = torch.where(moved, bits + ulp, bits).view(torch.bfloat16)
+        del master
+    return base, new
 
 
 def noise_step(
@@ -112,6 +160,7 @@ def qwen3_versions(
     *,
     hidden: int = 512,
     layers: int = 4,
+    vocab: int = QWEN3_VOCAB,
     batch: int = 4,
     length: int = 128,
     weight_decay: float = 0.01,
@@ -125,6 +174,7 @@ def qwen3_versions(
         "lr": lr,
         "hidden": hidden,
         "layers": layers,
+        "vocab": vocab,
         "batch": batch,
         "length": length,
         "weight_decay": weight_decay,
@@ -136,7 +186,7 @@ def qwen3_versions(
         from transformers import Qwen3ForCausalLM
 
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(qwen3_config(hidden, layers)).float().train()
+        model = Qwen3ForCausalLM(qwen3_config(hidden, layers, vocab)).float().train()
         opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=weight_decay)
         gen = torch.Generator().manual_seed(seed + 1)
         versions = [_bf16_view(model)]
@@ -184,3 +234,25 @@ def _bf16_view(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 def num_params(weights: dict[str, torch.Tensor]) -> int:
     return sum(math.prod(t.shape) for t in weights.values())
+
+
+STEPS = ("synthetic", "noise", "qwen3", "demo")
+
+
+def step_pair(
+    kind: str, num_params: int = 70_000_000, lr: float = 1e-6, change_rate: float | None = None, seed: int = 0
+) -> Pair:
+    """(base, new) bf16 weights of one step of `kind` (STEPS): `synthetic` and `noise` at `num_params`; `qwen3`
+    (~90M parameters, the step from version 3 to 4 at `lr`, after three warm-up steps) and `demo` (the step from
+    version 5 to 6 of the demo's RL run) at their own sizes."""
+    if kind == "synthetic":
+        return synthetic_step(num_params, change_rate, lr, seed)
+    if kind == "noise":
+        return noise_step(num_params, lr, seed)
+    if kind == "qwen3":
+        versions = qwen3_versions(4, lr, seed=seed)
+        return versions[3], versions[4]
+    if kind == "demo":
+        versions = demo_versions(6, seed=seed)
+        return versions[5], versions[6]
+    raise ValueError(f"unknown step kind {kind!r} (choices: {STEPS})")
