@@ -7,7 +7,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heterorl.weights.classes import choose_bounds, magnitude_mask, magnitudes, members, select_below
+from heterorl.weights.classes import (
+    choose_bounds,
+    class_flags_torch,
+    magnitude_mask,
+    magnitudes,
+    members,
+    sample_stride,
+    select_below,
+)
 from heterorl.weights.format import bits_view
 
 from ._helpers import normal_weights
@@ -50,6 +58,22 @@ def test_members_partition_the_tensor_by_magnitude():
             assert np.array_equal(group.changed, changed[group.at(np.arange(group.size))])
 
 
+def test_torch_flags_equal_the_host_enumeration():
+    """The device path (torch ops, run here on CPU tensors) finds the same classes and flags."""
+    rng = np.random.default_rng(3)
+    t = normal_weights((5000,), torch.bfloat16, rng)
+    bits = bits_view(t)
+    bounds = [(127 - e) << 7 for e in (12, 10, 9, 7)]
+    pos = np.sort(rng.choice(bits.size, 400, replace=False))
+    changed = np.zeros(bits.size, np.bool_)
+    changed[pos] = True
+    host = [m.changed for m in members(bits, 0x7FFF, bounds, changed)]
+    device = class_flags_torch(t.view(torch.int16), 0x7FFF, bounds, pos)
+    assert len(host) == len(device) == len(bounds)
+    for h, d in zip(host, device, strict=True):
+        assert np.array_equal(h, d)
+
+
 def test_no_bounds_no_members():
     assert members(np.zeros(8, np.uint16), 0x7FFF, []) == []
 
@@ -63,11 +87,17 @@ def test_bounds_follow_the_exponent_when_small_weights_change_more():
     b, n = bits_view(base), bits_view(new)
     pos = np.flatnonzero(b != n)
     codes = np.ones(pos.size, np.uint16)
-    bounds = choose_bounds(b, 0x7FFF, pos, codes, 7)
+    stride = sample_stride(b.size)
+    sample = magnitudes(b[::stride].copy(), 0x7FFF)
+
+    def choose(positions: np.ndarray) -> list[int]:
+        return choose_bounds(sample, b.size, magnitudes(b[positions], 0x7FFF), codes[: positions.size], 7)
+
+    bounds = choose(pos)
     assert len(bounds) >= 3
     assert bounds == sorted(set(bounds))
     assert all(bound % 128 == 0 for bound in bounds)  # exponent boundaries of bf16
     rng = np.random.default_rng(1)
     uniform = np.sort(rng.choice(b.size, pos.size, replace=False))
-    assert choose_bounds(b, 0x7FFF, uniform, codes, 7) == []
-    assert choose_bounds(b, 0x7FFF, pos[:0], codes[:0], 7) == []
+    assert choose(uniform) == []
+    assert choose(pos[:0]) == []

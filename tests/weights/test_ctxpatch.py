@@ -154,3 +154,15 @@ def test_v1_patches_still_decode_next_to_v2():
         weights = clone(base)
         apply_patch(weights, encode_patch(base, new, context=context))
         assert bits_equal(weights, new)
+
+
+def test_the_accelerator_encode_path_gives_the_same_bytes(monkeypatch):
+    """torch ops (diff, classes, flags) as on a GPU, run here on CPU tensors: byte-identical patches."""
+    from heterorl.weights import patch as patch_module
+
+    base, new = adam_like_step({"a.weight": (300, 200), "b.bias": (100,), "c.bias": (90,)}, 1e-5, seed=7)
+    new["d.int"] = torch.arange(20, dtype=torch.int32)
+    base["d.int"] = torch.arange(20, dtype=torch.int32).flip(0)
+    host = encode_patches(base, new, versions=(1, 2))
+    monkeypatch.setattr(patch_module, "DEVICE_PATH_ON_CPU", True)
+    assert encode_patches(base, new, versions=(1, 2)) == host

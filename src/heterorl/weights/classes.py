@@ -137,15 +137,38 @@ def members(bits_U: np.ndarray, mask: int, bounds: list[int], changed_N: np.ndar
     return out[::-1]
 
 
+def class_flags_torch(base_I: torch.Tensor, mask: int, bounds: list[int], pos_K: np.ndarray) -> list[np.ndarray]:
+    """Per class below the top, its members' changed flags in position order (host bool arrays), computed with
+    torch ops on the device where the base lives (the same level-by-level split as `members`)."""
+    device = base_I.device
+    changed = torch.zeros(base_I.numel(), dtype=torch.bool, device=device)
+    changed[torch.from_numpy(pos_K).to(device)] = True
+    mag = base_I & mask
+    below_top = torch.nonzero(mag < bounds[-1]).reshape(-1)
+    mag_S, flags_S = mag[below_top], changed[below_top]
+    out = []
+    for c in range(len(bounds) - 1, 0, -1):
+        below = mag_S < bounds[c - 1]
+        out.append(flags_S[~below])
+        mag_S, flags_S = mag_S[below], flags_S[below]
+    out.append(flags_S)
+    return [flags.cpu().numpy() for flags in out[::-1]]
+
+
 def exponent_bins(mag_N: np.ndarray, shift: int) -> np.ndarray:
     """Exponent field of magnitudes (int64), the unit that class bounds are chosen in."""
     return (mag_N >> shift).astype(np.int64)
 
 
+def sample_stride(n: int) -> int:
+    """Stride of the evenly strided sample of a tensor that `choose_bounds` estimates class sizes from."""
+    return max(1, n // _SAMPLE)
+
+
 def choose_bounds(
-    bits_U: np.ndarray,
-    mask: int,
-    pos_K: np.ndarray,
+    sample_mag: np.ndarray,
+    n: int,
+    mag_K: np.ndarray,
     codes_K: np.ndarray,
     shift: int,
     max_classes: int = MAX_CLASSES,
@@ -153,18 +176,17 @@ def choose_bounds(
 ) -> list[int]:
     """Class bounds (magnitudes at exponent boundaries) minimising estimated bits for this tensor's step.
 
-    bits_U: the base bits (|bits| = bits & mask); pos_K / codes_K: changed positions and their value codes.
-    Class sizes are estimated from an evenly strided sample of the base; changes and codes are counted exactly.
+    sample_mag: |bits| of an evenly strided sample of the n base elements (class sizes are estimated from it);
+    mag_K / codes_K: |bits| of the changed elements and their value codes (counted exactly).
     Cost of a class = n_c h(k_c / n_c) position bits (n h(k / n) over the whole tensor for the top class, which is
     coded in flat positions) + k_c H(codes | class) + CLASS_COST_BITS. Returns [] (one class) when splitting
     does not pay.
     """
-    n, k = bits_U.size, pos_K.size
+    k = mag_K.size
     if k == 0 or n < 2 or max_classes < 2:
         return []
-    stride = max(1, n // _SAMPLE)
-    sample_bins = exponent_bins(magnitudes(np.ascontiguousarray(bits_U[::stride]), mask), shift)
-    changed_bins = exponent_bins(magnitudes(np.take(bits_U, pos_K), mask), shift)
+    sample_bins = exponent_bins(sample_mag, shift)
+    changed_bins = exponent_bins(mag_K, shift)
     lo = int(min(sample_bins.min(), changed_bins.min()))
     hi = int(max(sample_bins.max(), changed_bins.max())) + 1
     width = hi - lo

@@ -27,7 +27,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from heterorl.weights.classes import MANTISSA_BITS, MAX_CLASSES, choose_bounds, magnitude_mask, magnitudes, members
+from heterorl.weights.classes import (
+    MANTISSA_BITS,
+    MAX_CLASSES,
+    choose_bounds,
+    class_flags_torch,
+    magnitude_mask,
+    magnitudes,
+    members,
+    sample_stride,
+)
 from heterorl.weights.format import UINT, PatchError, get_int
 from heterorl.weights.intcode import (
     StreamSpec,
@@ -103,37 +112,37 @@ class SegmentCode:
 
 # --- encode
 def encode_segment(
-    base_U: np.ndarray, pos_K: np.ndarray, delta_K: np.ndarray, dtype: torch.dtype, level: int
+    base: np.ndarray | torch.Tensor, pos_K: np.ndarray, delta_K: np.ndarray, dtype: torch.dtype, level: int
 ) -> tuple[dict[str, Any], bytes]:
     """Header fields (count, bounds, classes, raw_nbytes) and zstd frame of one segment's changes.
 
-    base_U: the segment's base bits; pos_K: sorted changed positions; delta_K: wrapped differences.
+    base: the segment's base bits, a host array (unsigned view) or a tensor on the weights' device (signed
+    integer view: the class work then runs there with torch ops); pos_K: sorted changed positions; delta_K:
+    wrapped differences (host arrays). Both kinds of base give the same bytes.
     """
     count = int(pos_K.size)
     if count == 0:
         return {"count": 0, "bounds": [], "classes": [], "raw_nbytes": 0}, b""
+    n = base.size if isinstance(base, np.ndarray) else base.numel()
     codes_K = zigzag_minus_one(delta_K)
     mask = magnitude_mask(dtype)
     bounds: list[int] = []
-    if mask is not None and base_U.size >= MIN_CLASS_NUMEL:
-        max_below = 1.0 if base_U.size <= SMALL_SEGMENT else MAX_BELOW
-        bounds = choose_bounds(base_U, mask, pos_K, codes_K, MANTISSA_BITS[dtype], MAX_CLASSES, max_below)
+    if mask is not None and n >= MIN_CLASS_NUMEL:
+        sample_mag, mag_K = _magnitudes_for_bounds(base, pos_K, mask)
+        max_below = 1.0 if n <= SMALL_SEGMENT else MAX_BELOW
+        bounds = choose_bounds(sample_mag, n, mag_K, codes_K, MANTISSA_BITS[dtype], MAX_CLASSES, max_below)
     parts: list[np.ndarray] = []
     specs: list[ClassSpec] = []
     pos_top, codes_top = pos_K, codes_K
     if bounds:
         assert mask is not None
-        mag_K = magnitudes(np.take(base_U, pos_K), mask)
         cls_K = np.searchsorted(np.asarray(bounds, mag_K.dtype), mag_K, side="right")
-        changed_N = np.zeros(base_U.size, np.bool_)
-        changed_N[pos_K] = True
-        for c, class_members in enumerate(members(base_U, mask, bounds, changed_N)):
-            assert class_members.changed is not None
+        for c, flags in enumerate(_class_flags(base, mask, bounds, pos_K)):
             codes_C = np.take(codes_K, np.flatnonzero(cls_K == c))
-            specs.append(_encode_class(class_members.changed, None, codes_C, parts))
+            specs.append(_encode_class(flags, None, codes_C, parts))
         top = np.flatnonzero(cls_K == len(bounds))
         pos_top, codes_top = np.take(pos_K, top), np.take(codes_K, top)
-    specs.append(_encode_class(None, (pos_top, base_U.size), codes_top, parts))
+    specs.append(_encode_class(None, (pos_top, n), codes_top, parts))
     fields = {
         "count": count,
         "bounds": bounds,
@@ -141,6 +150,31 @@ def encode_segment(
         "raw_nbytes": sum(p.nbytes for p in parts),
     }
     return fields, compress_parts(parts, level, literals=True)
+
+
+def _magnitudes_for_bounds(
+    base: np.ndarray | torch.Tensor, pos_K: np.ndarray, mask: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(|bits| of the strided sample, |bits| of the changed elements) as host unsigned arrays."""
+    n = base.size if isinstance(base, np.ndarray) else base.numel()
+    stride = sample_stride(n)
+    if isinstance(base, np.ndarray):
+        return magnitudes(np.ascontiguousarray(base[::stride]), mask), magnitudes(np.take(base, pos_K), mask)
+    unsigned = UINT[base.element_size()]
+    sample = (base[::stride] & mask).cpu().numpy().view(unsigned)
+    changed = (base[torch.from_numpy(pos_K).to(base.device)] & mask).cpu().numpy().view(unsigned)
+    return sample, changed
+
+
+def _class_flags(base: np.ndarray | torch.Tensor, mask: int, bounds: list[int], pos_K: np.ndarray) -> list[np.ndarray]:
+    """Changed flags of every class below the top, members in position order."""
+    if not isinstance(base, np.ndarray):
+        return class_flags_torch(base, mask, bounds, pos_K)
+    changed_N = np.zeros(base.size, np.bool_)
+    changed_N[pos_K] = True
+    flags = [m.changed for m in members(base, mask, bounds, changed_N)]
+    assert all(f is not None for f in flags)
+    return flags  # type: ignore[return-value]
 
 
 def _encode_class(

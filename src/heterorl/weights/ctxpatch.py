@@ -68,20 +68,21 @@ def group(layouts: Sequence[Layout]) -> list[list[int]]:
 
 def encode(
     layouts: Sequence[Layout],
-    base_bits: Sequence[np.ndarray],
+    base_bits: Sequence[np.ndarray | torch.Tensor],
     changes: Sequence[tuple[np.ndarray, np.ndarray]],
     level: int,
     workers: int,
 ) -> tuple[dict[str, Any], list[bytes]]:
-    """Header fields (`tensors`, `segments`) and payload frames of a v2 patch from each tensor's base bits and
-    (sorted positions, wrapped differences)."""
+    """Header fields (`tensors`, `segments`) and payload frames of a v2 patch from each tensor's base bits (host
+    arrays, or flat integer views on the weights' device) and (sorted positions, wrapped differences)."""
 
     def one(indices: list[int]) -> tuple[dict[str, Any], bytes]:
         if len(indices) == 1:
             i = indices[0]
             return ctxcode.encode_segment(base_bits[i], *changes[i], layouts[i][1], level)
-        offsets = np.cumsum([0] + [base_bits[i].size for i in indices])
-        base_U = np.concatenate([base_bits[i] for i in indices])
+        parts = [base_bits[i] for i in indices]
+        offsets = np.cumsum([0] + [p.size if isinstance(p, np.ndarray) else p.numel() for p in parts])
+        base_U = np.concatenate(parts) if isinstance(parts[0], np.ndarray) else torch.cat(parts)  # type: ignore[arg-type]
         pos_K = np.concatenate([changes[i][0] + offsets[j] for j, i in enumerate(indices)])
         delta_K = np.concatenate([changes[i][1] for i in indices])
         return ctxcode.encode_segment(base_U, pos_K, delta_K, layouts[indices[0]][1], level)

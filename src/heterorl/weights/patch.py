@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from heterorl.weights import ctxpatch, hashing, plain
-from heterorl.weights.diffscan import scan
+from heterorl.weights.diffscan import int_view, scan, scan_device
 from heterorl.weights.format import (
     CTX_FORMAT_VERSION,
     FORMAT_VERSION,
@@ -49,6 +49,7 @@ from heterorl.weights.format import (
 )
 
 Blobish = bytes | bytearray | memoryview
+DEVICE_PATH_ON_CPU = False  # tests set it to run the accelerator encode path (torch ops) on CPU tensors
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,13 @@ def encode_patches(
     names = sorted(base)
     base_hash, new_hash = hashes
     hash_base, hash_new = base_hash is None, new_hash is None
-    scans = parallel_map(lambda n: scan(base[n], new[n], hash_base, hash_new), names, workers)
+
+    def scan_one(name: str) -> tuple[np.ndarray, np.ndarray, bytes, bytes]:
+        if _on_device(base[name]):
+            return scan_device(base[name], new[name], hash_base, hash_new)
+        return scan(base[name], new[name], hash_base, hash_new)
+
+    scans = parallel_map(scan_one, names, workers)
     if hash_base:
         base_hash = _combine(names, base, [s[2] for s in scans])
     if hash_new:
@@ -167,7 +174,7 @@ def encode_patches(
     changes = [(s[0], s[1]) for s in scans]
     v1 = v2 = None
     if CTX_FORMAT_VERSION in formats:
-        base_bits = [bits_view(base[n].detach().cpu()) for n in names]
+        base_bits = [_base_bits(base[n]) for n in names]
         v2 = _assemble_v2(layouts, base_bits, changes, (base_hash, new_hash), versions, level, workers)
     if FORMAT_VERSION in formats:
         results = parallel_map(
@@ -175,6 +182,15 @@ def encode_patches(
         )
         v1 = _assemble(layouts, results, (base_hash, new_hash), versions, FORMAT_VERSION)
     return v1, v2
+
+
+def _on_device(t: torch.Tensor) -> bool:
+    return t.device.type != "cpu" or DEVICE_PATH_ON_CPU
+
+
+def _base_bits(t: torch.Tensor) -> np.ndarray | torch.Tensor:
+    """A tensor's raw bits for the v2 encoder: a host view, or a flat integer view where the tensor lives."""
+    return int_view(t) if _on_device(t) else bits_view(t.detach())
 
 
 def _assemble_v2(
