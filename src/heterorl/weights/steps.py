@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -102,10 +103,9 @@ def _cached(key: dict, build: Callable[[], Versions], refresh: bool = False) -> 
     """Versions from the cache directory for `key`, building and saving them first if absent."""
     from safetensors.torch import load_file, save_file
 
-    from heterorl.pretrain import cache_dir
-
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    out = cache_dir() / "pulse-steps" / f"{key['source']}-{digest}"
+    cache = Path(os.environ.get("HETERORL_CACHE", Path.home() / ".cache" / "heterorl"))  # as pretrain.cache_dir
+    out = cache / "pulse-steps" / f"{key['source']}-{digest}"
     marker = out / "key.json"
     if marker.is_file() and not refresh:
         count = json.loads(marker.read_text())["versions"]

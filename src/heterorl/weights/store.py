@@ -12,7 +12,8 @@ only (an older snapshot plus a longer chain never beats it), the latest version'
 (the codec's wire form: the record itself for "pulse", a v2 patch for "pulse-ctx"), and the store's own copy of
 the latest weights (the base of the next patch, and what "pulse-ctx" re-codes merged patches against) plus a
 spare copy reused for the next publish (two model copies in the wire dtype; a copy that a merge is still
-reading is never reused).
+reading is never reused). With `device="cuda"` those copies live on the GPU and patches are diffed and
+classified there (diffscan.py, classes.py); only the changes, the hashes' bytes and snapshots cross to the host.
 
 `update_for(held_version, held_hash)` serves the smallest correct update: nothing if current; else the
 candidates are (a) the merged patch held -> latest, if the held version is retained, its hash matches and the
@@ -87,6 +88,7 @@ class WeightStore:
         max_chain: int = 16,
         retain: int = 64,
         wire_dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         assert snapshot_every >= 1, f"snapshot_every must be >= 1, got {snapshot_every}"
         assert max_chain >= 1, f"max_chain must be >= 1, got {max_chain}"
@@ -96,6 +98,7 @@ class WeightStore:
         self.max_chain = max_chain
         self.retain = retain
         self.wire_dtype = wire_dtype
+        self.device = torch.device(device)  # where the store's weight copies live and patches are diffed
         self._lock = threading.Lock()  # guards everything below
         self._publish_lock = threading.Lock()  # one publish at a time
         self._order: list[int] = []  # retained versions, oldest first
@@ -139,7 +142,8 @@ class WeightStore:
             chain = self._since_snapshot + 1  # patches since the newest snapshot if this one is not one
             snapshot = None
             if patch is None or chain >= self.snapshot_every or chain > self.max_chain:
-                snapshot = self.codec.encode_snapshot(new, state_hash=new_hash, version=version)
+                on_host = new if self.device.type == "cpu" else {k: v.cpu() for k, v in new.items()}
+                snapshot = self.codec.encode_snapshot(on_host, state_hash=new_hash, version=version)
             with self._lock:
                 self._commit(version, new_hash, patch, snapshot)
                 self._spare, self._last = self._last, new
@@ -172,7 +176,7 @@ class WeightStore:
             if buf is not None and buf.dtype == dtype and buf.shape == t.shape:
                 out[name] = buf.copy_(t)
             else:
-                out[name] = t.to(device="cpu", dtype=dtype, copy=True).contiguous()
+                out[name] = t.to(device=self.device, dtype=dtype, copy=True).contiguous()
         return out
 
     def _commit(self, version: int, new_hash: str, patch: EncodedPatch | None, snapshot: bytes | None) -> None:
