@@ -166,3 +166,23 @@ def test_the_accelerator_encode_path_gives_the_same_bytes(monkeypatch):
     host = encode_patches(base, new, versions=(1, 2))
     monkeypatch.setattr(patch_module, "DEVICE_PATH_ON_CPU", True)
     assert encode_patches(base, new, versions=(1, 2)) == host
+
+
+def test_threads_split_large_tensors_and_change_nothing():
+    """A tensor above PARALLEL_MIN is enumerated in position ranges by several threads: same members, same
+    bytes, same result."""
+    from heterorl.weights.classes import PARALLEL_MIN, members
+
+    base, new = adam_like_step({"big": (PARALLEL_MIN + 1001,), "small": (5000,)}, 1e-5, seed=8)
+    bits = bits_view(base["big"])
+    bounds = [(127 - e) << 7 for e in (14, 12, 10, 9)]
+    changed = bits != bits_view(new["big"])
+    one, two = members(bits, 0x7FFF, bounds, changed), members(bits, 0x7FFF, bounds, changed, workers=3)
+    for a, b in zip(one, two, strict=True):
+        assert np.array_equal(a.at(np.arange(a.size)), b.at(np.arange(b.size)))
+        assert np.array_equal(a.changed, b.changed)
+    patch = encode_patch(base, new, context=True)
+    assert encode_patch(base, new, context=True, workers=2) == patch
+    weights = clone(base)
+    apply_patch(weights, patch, workers=2)
+    assert bits_equal(weights, new)

@@ -20,13 +20,16 @@ a fixed header cost per class.
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import torch
 
 MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23, torch.float64: 52}
 MAX_CLASSES = 16
 CLASS_COST_BITS = 320.0  # header entry + zstd block overhead of one more class, measured (~40 bytes)
-SPLIT_COST_BITS = 0.02  # charged per element of a set the decoder splits to separate a class (decode time)
+SPLIT_COST_BITS = 0.05  # charged per element of a set the decoder splits to separate a class (decode time)
 _SAMPLE = 1 << 16  # base elements looked at when estimating class sizes
 _VALUE_BINS = 64  # value codes >= this share one bin in the entropy estimate
 
@@ -109,15 +112,47 @@ class Members:
         return np.take(self.pos_R, ranks if self.idx is None else np.take(self.idx, ranks))
 
 
-def members(bits_U: np.ndarray, mask: int, bounds: list[int], changed_N: np.ndarray | None = None) -> list[Members]:
+PARALLEL_MIN = 1 << 22  # elements: a tensor this large is enumerated in `workers` position ranges at once
+
+
+def members(
+    bits_U: np.ndarray,
+    mask: int,
+    bounds: list[int],
+    changed_N: np.ndarray | None = None,
+    workers: int = 1,
+) -> list[Members]:
     """The members of every class below the top one (classes 0 .. K-2), each in position order.
 
     One scan of the tensor finds the set below the top bound (`select_below`); each further level splits the
     remaining set at the next bound down, so the cost is ~2 passes over the small-weight set. With `changed_N`
     (a bool per element) every class also gets its members' changed flags, split along with the positions.
+    With `workers` > 1 a large tensor is cut into that many position ranges enumerated in threads (numpy
+    releases the GIL) and the per-class lists are concatenated, which keeps them in position order.
     """
     if not bounds:
         return []
+    n = bits_U.size
+    if workers <= 1 or n < PARALLEL_MIN:
+        return _members(bits_U, mask, bounds, changed_N)
+    cuts = [min(n, (n * i // workers) & ~3) for i in range(workers)] + [n]
+    ranges = list(itertools.pairwise(cuts))
+
+    def one(r: tuple[int, int]) -> list[Members]:
+        lo, hi = r
+        return _members(bits_U[lo:hi], mask, bounds, None if changed_N is None else changed_N[lo:hi])
+
+    with ThreadPoolExecutor(workers) as pool:
+        parts = list(pool.map(one, ranges))
+    out = []
+    for c in range(len(bounds)):
+        positions = [m[c].at(np.arange(m[c].size)) + lo for m, (lo, _) in zip(parts, ranges, strict=True)]
+        flags = None if changed_N is None else np.concatenate([m[c].changed for m in parts])  # type: ignore[misc]
+        out.append(Members(np.concatenate(positions), None, flags))
+    return out
+
+
+def _members(bits_U: np.ndarray, mask: int, bounds: list[int], changed_N: np.ndarray | None) -> list[Members]:
     dtype = bits_U.dtype.type
     pos_S = select_below(bits_U, bounds[-1], mask)
     mag_S = np.take(bits_U, pos_S)

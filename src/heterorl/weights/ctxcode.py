@@ -112,7 +112,12 @@ class SegmentCode:
 
 # --- encode
 def encode_segment(
-    base: np.ndarray | torch.Tensor, pos_K: np.ndarray, delta_K: np.ndarray, dtype: torch.dtype, level: int
+    base: np.ndarray | torch.Tensor,
+    pos_K: np.ndarray,
+    delta_K: np.ndarray,
+    dtype: torch.dtype,
+    level: int,
+    workers: int = 1,
 ) -> tuple[dict[str, Any], bytes]:
     """Header fields (count, bounds, classes, raw_nbytes) and zstd frame of one segment's changes.
 
@@ -137,7 +142,7 @@ def encode_segment(
     if bounds:
         assert mask is not None
         cls_K = np.searchsorted(np.asarray(bounds, mag_K.dtype), mag_K, side="right")
-        for c, flags in enumerate(_class_flags(base, mask, bounds, pos_K)):
+        for c, flags in enumerate(_class_flags(base, mask, bounds, pos_K, workers)):
             codes_C = np.take(codes_K, np.flatnonzero(cls_K == c))
             specs.append(_encode_class(flags, None, codes_C, parts))
         top = np.flatnonzero(cls_K == len(bounds))
@@ -166,13 +171,15 @@ def _magnitudes_for_bounds(
     return sample, changed
 
 
-def _class_flags(base: np.ndarray | torch.Tensor, mask: int, bounds: list[int], pos_K: np.ndarray) -> list[np.ndarray]:
+def _class_flags(
+    base: np.ndarray | torch.Tensor, mask: int, bounds: list[int], pos_K: np.ndarray, workers: int
+) -> list[np.ndarray]:
     """Changed flags of every class below the top, members in position order."""
     if not isinstance(base, np.ndarray):
         return class_flags_torch(base, mask, bounds, pos_K)
     changed_N = np.zeros(base.size, np.bool_)
     changed_N[pos_K] = True
-    flags = [m.changed for m in members(base, mask, bounds, changed_N)]
+    flags = [m.changed for m in members(base, mask, bounds, changed_N, workers)]
     assert all(f is not None for f in flags)
     return flags  # type: ignore[return-value]
 
@@ -293,7 +300,7 @@ def _ranks(spec: ClassSpec, buf_U: np.ndarray, what: str) -> np.ndarray:
 
 
 def decode_segment(
-    code: SegmentCode, frame: memoryview, base_U: np.ndarray, what: str
+    code: SegmentCode, frame: memoryview, base_U: np.ndarray, what: str, workers: int = 1
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """A segment's changes given its base bits: one (sorted positions int64, wrapped differences) run per class
     that changed; runs are disjoint."""
@@ -303,7 +310,7 @@ def decode_segment(
         return []
     raw_U = decompress_exact(frame, code.raw_nbytes, what)
     mask = magnitude_mask(code.dtype)
-    member_lists = members(base_U, mask, code.bounds) if code.bounds and mask is not None else []
+    member_lists = members(base_U, mask, code.bounds, None, workers) if code.bounds and mask is not None else []
     runs = []
     cursor = 0
     for c, spec in enumerate(code.classes):

@@ -15,6 +15,7 @@ SEGMENT_MIN elements; a tensor that size or larger is a segment of its own.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 import torch
 
 from heterorl.weights import ctxcode, hashing
+from heterorl.weights.classes import PARALLEL_MIN
 from heterorl.weights.format import DTYPES, PatchError, TensorMeta, dtype_name, get_int, get_str, parallel_map
 
 SEGMENT_MIN = 1 << 21  # elements: tensors this large are coded alone, smaller ones grouped up to this size
@@ -76,10 +78,10 @@ def encode(
     """Header fields (`tensors`, `segments`) and payload frames of a v2 patch from each tensor's base bits (host
     arrays, or flat integer views on the weights' device) and (sorted positions, wrapped differences)."""
 
-    def one(indices: list[int]) -> tuple[dict[str, Any], bytes]:
+    def one(indices: list[int], threads: int) -> tuple[dict[str, Any], bytes]:
         if len(indices) == 1:
             i = indices[0]
-            return ctxcode.encode_segment(base_bits[i], *changes[i], layouts[i][1], level)
+            return ctxcode.encode_segment(base_bits[i], *changes[i], layouts[i][1], level, threads)
         parts = [base_bits[i] for i in indices]
         offsets = np.cumsum([0] + [p.size if isinstance(p, np.ndarray) else p.numel() for p in parts])
         base_U = np.concatenate(parts) if isinstance(parts[0], np.ndarray) else torch.cat(parts)  # type: ignore[arg-type]
@@ -88,7 +90,8 @@ def encode(
         return ctxcode.encode_segment(base_U, pos_K, delta_K, layouts[indices[0]][1], level)
 
     groups = group(layouts)
-    coded = parallel_map(one, groups, workers)
+    big = [len(g) == 1 and _numel(base_bits[g[0]]) >= PARALLEL_MIN for g in groups]
+    coded = _split_by_size(groups, big, one, workers)
     tensors = [
         {"name": name, "dtype": dtype_name(dtype), "shape": list(shape), "count": int(changes[i][0].size)}
         for i, (name, dtype, shape) in enumerate(layouts)
@@ -99,6 +102,10 @@ def encode(
         frames.append(frame)
         offset += len(frame)
     return {"tensors": tensors, "segments": segments}, frames
+
+
+def _numel(bits: np.ndarray | torch.Tensor) -> int:
+    return bits.size if isinstance(bits, np.ndarray) else bits.numel()
 
 
 def parse(header: dict[str, Any], payload_len: int) -> tuple[list[TensorMeta], list[int], list[Segment]]:
@@ -152,6 +159,19 @@ def parse(header: dict[str, Any], payload_len: int) -> tuple[list[TensorMeta], l
     return metas, counts, segments
 
 
+def _split_by_size(items: Sequence, big: Sequence[bool], fn: Callable, workers: int) -> list:
+    """[fn(item, w)] in order: big items one at a time with w = workers (they thread inside), the rest spread
+    over `workers` threads with w = 1."""
+    out: list = [None] * len(items)
+    small = [i for i, b in enumerate(big) if not b]
+    for i, b in enumerate(big):
+        if b:
+            out[i] = fn(items[i], workers)
+    for i, result in zip(small, parallel_map(lambda i: fn(items[i], 1), small, workers), strict=True):
+        out[i] = result
+    return out
+
+
 def prepare(
     segments: Sequence[Segment],
     counts: Sequence[int],
@@ -161,28 +181,17 @@ def prepare(
 ) -> list[Prepared]:
     """Decode every segment against the receiver's bits (`views`, one per tensor) without writing them."""
 
-    def one(seg: Segment) -> Prepared:
+    def one(seg: Segment, threads: int) -> Prepared:
         frame = payload[seg.offset : seg.offset + seg.nbytes]
         what = f"segment at tensor {seg.first}"
         parts = views[seg.first : seg.first + seg.size]
         if seg.size == 1:
-            base_U = parts[0]
-            runs = [
-                (pos, np.add(np.take(base_U, pos), delta))
-                for pos, delta in ctxcode.decode_segment(seg.code, frame, base_U, what)
-            ]
-            before, after = hashing.patched_digests(base_U, runs)
-
-            def write() -> None:
-                for pos, new in runs:
-                    base_U[pos] = new
-
-            return Prepared([before], [after], write)
+            return _prepare_tensor(seg, frame, parts[0], what, threads)
         result_U = np.concatenate(parts)  # a copy: decoded against, then patched in place
         offsets = np.cumsum([0] + [p.size for p in parts])
         per_tensor = np.zeros(seg.size, np.int64)
         for pos, delta in ctxcode.decode_segment(seg.code, frame, result_U, what):
-            per_tensor += np.bincount(np.searchsorted(offsets, pos, side="right") - 1, minlength=seg.size)
+            per_tensor += np.diff(np.searchsorted(pos, offsets))  # a run's positions are sorted
             result_U[pos] += delta
         if per_tensor.tolist() != list(counts[seg.first : seg.first + seg.size]):
             raise PatchError(f"{what}: changes per tensor {per_tensor.tolist()} differ from the tensor list")
@@ -194,4 +203,23 @@ def prepare(
 
         return Prepared([hashing.bits_digest(p) for p in parts], [hashing.bits_digest(s) for s in slices], copy_back)
 
-    return parallel_map(one, segments, workers)
+    big = [seg.size == 1 and seg.code.numel >= PARALLEL_MIN for seg in segments]
+    return _split_by_size(segments, big, one, workers)
+
+
+def _prepare_tensor(seg: Segment, frame: memoryview, base_U: np.ndarray, what: str, threads: int) -> Prepared:
+    """A one-tensor segment: decode (class enumeration in `threads` ranges, the base hashed meanwhile in
+    another thread), then the result digest on scratch chunks."""
+    with ThreadPoolExecutor(1) as pool:
+        base_digest = pool.submit(hashing.bits_digest, base_U) if threads > 1 else None
+        decoded = ctxcode.decode_segment(seg.code, frame, base_U, what, threads)
+        runs = [(pos, np.add(np.take(base_U, pos), delta)) for pos, delta in decoded]
+        before, after = hashing.patched_digests(base_U, runs, base_digest=base_digest and base_digest.result())
+
+    def write_run(run: tuple[np.ndarray, np.ndarray]) -> None:
+        base_U[run[0]] = run[1]
+
+    def write() -> None:
+        parallel_map(write_run, runs, threads)
+
+    return Prepared([before], [after], write)
