@@ -52,7 +52,8 @@ from heterorl.weights.plain import decode_positions
 
 MIN_CLASS_NUMEL = 1 << 12  # smaller segments keep one class: a class costs ~40 bytes of header and tables
 SMALL_SEGMENT = 1 << 20  # segments up to this size may rank-code every class: their decode time is negligible
-MAX_BELOW = 0.15  # larger ones rank-code at most this share of their elements (the rest are the flat top class)
+MAX_BELOW = 0.15  # larger ones rank-code at most this share of their elements (the rest are the flat top class),
+MAX_BELOW_DENSE = 0.5  # or up to 3x their change rate, capped here: dense steps change the bulk octaves too
 BITMAP_RATE = 0.25  # a class with at least this share of its members changed sends positions as a bitmap
 POSITION_MODES = ("gaps", "bitmap")
 VALUE_MODES = ("int", "bits")
@@ -134,7 +135,7 @@ def encode_segment(
     bounds: list[int] = []
     if mask is not None and n >= MIN_CLASS_NUMEL:
         sample_mag, mag_K = _magnitudes_for_bounds(base, pos_K, mask)
-        max_below = 1.0 if n <= SMALL_SEGMENT else MAX_BELOW
+        max_below = 1.0 if n <= SMALL_SEGMENT else min(MAX_BELOW_DENSE, max(MAX_BELOW, 3 * count / n))
         bounds = choose_bounds(sample_mag, n, mag_K, codes_K, MANTISSA_BITS[dtype], MAX_CLASSES, max_below)
     parts: list[np.ndarray] = []
     specs: list[ClassSpec] = []
