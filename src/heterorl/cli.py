@@ -392,26 +392,34 @@ app.add_typer(sync_app, name="sync")
 @sync_app.command("bench", cls=Command)
 def sync_bench(
     params: Annotated[float, typer.Option(help="Synthetic model size in parameters (e.g. 1e9).")] = 1e8,
-    lr: Annotated[float, typer.Option(help="Step size of the synthetic lr * sign(g) update.")] = 1e-6,
+    lr: Annotated[float, typer.Option(help="Learning rate of the step (synthetic: lr * sign(g)).")] = 1e-6,
     change_rate: Annotated[float | None, typer.Option(help="Instead: share of bf16 elements moved by 1 ULP.")] = None,
+    step: Annotated[
+        str, typer.Option(help="synthetic | noise (masters - lr * N(0,1)) | qwen3 (real AdamW, ~90M) | demo (real RL).")
+    ] = "synthetic",
     run: Annotated[Path | None, typer.Option(help="Also compare a run's base model with its final checkpoint.")] = None,
     base: Annotated[Path | None, typer.Option(help="Compare two checkpoints: the base ...")] = None,
     new: Annotated[Path | None, typer.Option(help="... and the new one (files or directories).")] = None,
     level: Annotated[int, typer.Option(help="zstd level.")] = 1,
+    workers: Annotated[int, typer.Option(help="Threads for encode and decode.")] = 1,
     seed: int = 0,
 ) -> None:
-    """Patch size (bytes per changed element; ratios vs full bf16, zstd-1 of full bf16 and the reference
-    layout) and encode / decode GB/s, all measured in this invocation."""
+    """Both patch formats side by side ("pulse" v1 and "pulse-ctx" v2): bytes per changed element, ratios vs
+    full bf16, zstd-1 of full bf16 and the reference layout, the step's entropy bounds, and encode / checked
+    decode GB/s, all measured in this invocation."""
     import json
 
     from heterorl.weights.bench import compare_checkpoints, run_sync_bench
+    from heterorl.weights.steps import STEPS
 
     if (base is None) != (new is None):
         raise typer.BadParameter("--base and --new go together")
-    typer.echo(
-        f"synthetic step: {params:.3g} parameters, " + (f"change rate {change_rate}" if change_rate else f"lr {lr}")
-    )
-    run_sync_bench(int(params), change_rate, lr, seed, level=level)
+    if step not in STEPS:
+        raise typer.BadParameter(f"--step must be one of {STEPS}")
+    what = f"change rate {change_rate}" if change_rate and step == "synthetic" else f"lr {lr}"
+    size = f"{params:.3g} parameters, " if step in ("synthetic", "noise") else ""
+    typer.echo(f"{step} step: {size}" + ("the demo's own lr" if step == "demo" else what))
+    run_sync_bench(int(params), change_rate, lr, seed, level=level, workers=workers, step=step)
     pairs = []
     if run is not None:
         summary = json.loads((run / "summary.json").read_text())
@@ -420,7 +428,7 @@ def sync_bench(
         pairs.append((base, new))
     for a, b in pairs:
         typer.echo(f"\ncheckpoints: {a} -> {b}")
-        compare_checkpoints(a, b, level=level)
+        compare_checkpoints(a, b, level=level, workers=workers)
 
 
 @sync_app.command("inspect", cls=Command)

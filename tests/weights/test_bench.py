@@ -45,3 +45,29 @@ def test_compare_checkpoints_from_files(tmp_path):
     result = compare_checkpoints(tmp_path / "a.safetensors", tmp_path / "b.safetensors", verbose=False)
     assert result["reference_bytes"] == reference_layout_nbytes(base, new)
     assert result["changed"] == sum(int((base[k].view(torch.int16) != new[k].view(torch.int16)).sum()) for k in base)
+
+
+def test_both_codecs_and_bounds_on_a_noise_step():
+    result = main(["--step", "noise", "--params", "400000", "--lr", "1e-5", "--repeats", "1"])
+    ctx, bounds = result["ctx"], result["bounds"]
+    assert result["step"] == "noise"
+    assert ctx["patch_bytes"] < 0.85 * result["patch_bytes"]
+    assert result["ctx_over_pulse"] == pytest.approx(ctx["patch_bytes"] / result["patch_bytes"])
+    assert bounds["exponent_per_changed"] < 0.85 * bounds["independent_per_changed"]
+    assert bounds["independent_per_changed"] < result["bytes_per_changed"]  # v1 is near, not below, its bound
+    assert ctx["decode_GBps"] > 0
+    assert result["copy_GBps"] > 0
+    assert len(result["load_average"]) == 6
+
+
+def test_cli_prints_both_codecs():
+    from typer.testing import CliRunner
+
+    from heterorl.cli import app
+
+    out = CliRunner().invoke(app, ["sync", "bench", "--params", "200000", "--step", "noise", "--lr", "1e-5"])
+    assert out.exit_code == 0, out.output
+    assert "pulse-ctx (v2)" in out.output
+    assert "exponent-conditioned" in out.output
+    bad = CliRunner().invoke(app, ["sync", "bench", "--step", "nope"])
+    assert bad.exit_code != 0

@@ -10,7 +10,8 @@ from hypothesis.extra import numpy as hnp
 
 from heterorl.weights.format import PatchError
 from heterorl.weights.intcode import StreamSpec, choose_k, decode_uints, encode_uints
-from heterorl.weights.patch import _unzigzag_plus_one, _zigzag_minus_one
+from heterorl.weights.intcode import unzigzag_plus_one as _unzigzag_plus_one
+from heterorl.weights.intcode import zigzag_minus_one as _zigzag_minus_one
 
 
 def roundtrip(x: np.ndarray, k: int | None = None) -> np.ndarray:

@@ -10,7 +10,7 @@ import torch
 import zstandard as zstd
 
 from heterorl.weights import PatchError, apply_patch, apply_snapshot, encode_patch, encode_snapshot, load_snapshot
-from heterorl.weights.format import PREFIX, pack, unpack
+from heterorl.weights.format import CTX_FORMAT_VERSION, PREFIX, pack, unpack
 
 from ._helpers import bits_equal, clone, mutate, normal_weights
 
@@ -42,11 +42,26 @@ def sample_positions(n: int, head: int, count: int, seed: int) -> list[int]:
     return sorted({*range(min(head, n)), *map(int, rest)})
 
 
-@pytest.mark.parametrize("kind", ["patch", "snapshot"])
-def test_every_truncation_and_single_byte_corruption_is_caught(pair, kind):
-    base, new = pair
+@pytest.fixture(scope="module")
+def pair_v2() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A tensor with magnitude classes and a segment of three small tensors of another dtype."""
+    gen = torch.Generator().manual_seed(8)
+    master = torch.randn(20_000, generator=gen) * 0.02
+    base = {"big": master.bfloat16(), **{f"small{i}": (1 + master[i::97][:150]).half() for i in range(3)}}
+    new = {"big": (master - 1e-5 * torch.randn(20_000, generator=gen)).bfloat16()}
+    new |= {k: mutate(v, 0.1, np.random.default_rng(9), "ulp") for k, v in base.items() if k != "big"}
+    return base, new
+
+
+@pytest.mark.parametrize("kind", ["patch", "patch-v2", "snapshot"])
+def test_every_truncation_and_single_byte_corruption_is_caught(pair, pair_v2, kind):
+    base, new = pair_v2 if kind == "patch-v2" else pair
     if kind == "patch":
         blob, apply = encode_patch(base, new), apply_patch
+    elif kind == "patch-v2":
+        blob, apply = encode_patch(base, new, context=True), apply_patch
+        assert len(unpack(blob).header["segments"]) == 2
+        assert unpack(blob).header["segments"][0]["bounds"]
     else:
         blob, apply = encode_snapshot(new), apply_snapshot
     header_end = PREFIX.size + PREFIX.unpack_from(blob, 0)[2]
@@ -95,6 +110,56 @@ MALICIOUS_HEADERS = {
     "missing_spec": lambda h: _tensor(h, "embed").pop("values"),
     "float_field": lambda h: _tensor(h, "embed").update(count=1.5),
 }
+
+
+def _seg(header: dict, i: int = 0) -> dict:
+    return header["segments"][i]
+
+
+def _cls(header: dict, c: int) -> dict:
+    return _seg(header)["classes"][c]
+
+
+MALICIOUS_V2_HEADERS = {
+    "segments_type": lambda h: h.update(segments={}),
+    "segment_size_zero": lambda h: _seg(h).update(size=0),
+    "segment_size_over": lambda h: _seg(h, 1).update(size=5),
+    "segments_missing": lambda h: h["segments"].pop(),
+    "tensor_count": lambda h: h["tensors"][0].update(count=h["tensors"][0]["count"] + 1),
+    "tensor_counts_swapped": lambda h: (
+        h["tensors"][1].update(count=h["tensors"][1]["count"] + 1),
+        h["tensors"][2].update(count=h["tensors"][2]["count"] - 1),
+        None,
+    )[-1],
+    "bounds_unsorted": lambda h: _seg(h)["bounds"].reverse(),
+    "bounds_zero": lambda h: _seg(h)["bounds"].__setitem__(0, 0),
+    "bounds_over_mask": lambda h: _seg(h)["bounds"].__setitem__(-1, 0x8000),
+    "bounds_float": lambda h: _seg(h)["bounds"].__setitem__(0, 1.5),
+    "bounds_shifted": lambda h: _seg(h)["bounds"].__setitem__(-1, _seg(h)["bounds"][-1] + 128),
+    "bounds_dropped": lambda h: _seg(h)["bounds"].pop(0),
+    "classes_dropped": lambda h: _seg(h)["classes"].pop(0),
+    "members": lambda h: _cls(h, 0).update(m=_cls(h, 0)["m"] + 1),
+    "class_count_moved": lambda h: (
+        _cls(h, 0).update(n=_cls(h, 0)["n"] - 1),
+        _cls(h, -1).update(n=_cls(h, -1)["n"] + 1),
+    ),
+    "mode_unknown": lambda h: _cls(h, -1).update(p="runs"),
+    "value_mode": lambda h: _cls(h, -1).update(v="int", x=[0, 0, 0]),
+    "spec_shape": lambda h: _cls(h, -1).update(g=[1, 2]),
+    "spec_k": lambda h: _cls(h, -1).update(g=[7, 0, 0]),
+    "raw_nbytes": lambda h: _seg(h).update(raw_nbytes=_seg(h)["raw_nbytes"] + 1),
+    "seg_offset": lambda h: _seg(h, 1).update(offset=_seg(h, 1)["offset"] + 1),
+    "classes_on_ints": lambda h: h["tensors"][0].update(dtype="int16"),
+}
+
+
+@pytest.mark.parametrize("edit", list(MALICIOUS_V2_HEADERS.values()), ids=list(MALICIOUS_V2_HEADERS))
+def test_validly_signed_but_malformed_v2_headers_are_rejected(pair_v2, edit):
+    base, new = pair_v2
+    blob = unpack(encode_patch(base, new, context=True))
+    header = copy.deepcopy(blob.header)
+    edit(header)
+    assert_rejected(clone(base), pack(header, [bytes(blob.payload)], CTX_FORMAT_VERSION))
 
 
 @pytest.mark.parametrize("edit", list(MALICIOUS_HEADERS.values()), ids=list(MALICIOUS_HEADERS))

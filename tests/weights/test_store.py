@@ -12,13 +12,15 @@ from heterorl.config import WeightsConfig
 from heterorl.weights import (
     FullCodec,
     PulseCodec,
+    PulseCtxCodec,
     Update,
     WeightReceiver,
     WeightStore,
     make_codec,
+    patch_info,
     state_hash,
 )
-from heterorl.weights.format import bits_view
+from heterorl.weights.format import bits_view, pack, unpack
 
 from ._helpers import bits_equal
 
@@ -108,7 +110,11 @@ def test_smallest_update_is_chosen():
 
 def test_receivers_follow_the_store_bit_exactly_and_pulse_equals_full():
     versions = trajectory(12)
-    stores = {"pulse": make_store(snapshot_every=4, max_chain=3), "full": make_store("full")}
+    stores = {
+        "pulse": make_store(snapshot_every=4, max_chain=3),
+        "pulse-ctx": make_store("pulse-ctx", snapshot_every=4, max_chain=3),
+        "full": make_store("full"),
+    }
     receivers = {name: WeightReceiver() for name in stores}
     kinds = []
     for i, w in enumerate(versions):
@@ -122,6 +128,7 @@ def test_receivers_follow_the_store_bit_exactly_and_pulse_equals_full():
                 assert bits_equal(receivers[name].weights, bf16(w))
         assert stores["pulse"].latest_hash == stores["full"].latest_hash
     assert bits_equal(receivers["pulse"].weights, receivers["full"].weights)
+    assert bits_equal(receivers["pulse-ctx"].weights, receivers["full"].weights)
     assert {k for n, k in kinds if n == "full"} == {"snapshot"}
     assert ("pulse", "patch") in kinds
     pulse_bytes, full_bytes = (receivers[n].bytes_received for n in ("pulse", "full"))
@@ -185,8 +192,9 @@ def test_failed_publish_leaves_the_store_unchanged():
         make_store().update_for(None, None)
 
 
-def test_readers_never_see_a_partial_version():
-    store = make_store(snapshot_every=3, max_chain=2, retain=4)
+@pytest.mark.parametrize("codec", ["pulse", "pulse-ctx"])
+def test_readers_never_see_a_partial_version(codec):
+    store = make_store(codec, snapshot_every=3, max_chain=2, retain=4)
     versions = trajectory(15)
     store.publish(0, versions[0])
     failures: list[str] = []
@@ -226,3 +234,106 @@ def test_wire_dtype_casts_and_sizes_are_exposed():
     assert np.array_equal(
         bits_view(receiver.weights["layer.weight"]), bits_view(bf16(trajectory(2)[1])["layer.weight"])
     )
+
+
+def adam_trajectory(n: int, seed: int = 0, lr: float = 1e-5) -> list[dict[str, torch.Tensor]]:
+    """fp32 masters after each of n steps of size lr * N(0, 1): large enough tensors for magnitude classes."""
+    gen = torch.Generator().manual_seed(seed)
+    w = {
+        "a.weight": torch.randn(256, 128, generator=gen) * 0.02,
+        "b.weight": torch.randn(128, 64, generator=gen) * 0.02,
+    }
+    out = []
+    for _ in range(n):
+        w = {k: v - lr * torch.randn(v.shape, generator=gen) for k, v in w.items()}
+        out.append(w)
+    return out
+
+
+def test_ctx_store_serves_v2_patches_and_v2_merges_smaller_than_pulse():
+    versions = adam_trajectory(6)
+    stores = {name: make_store(name, snapshot_every=100, max_chain=8) for name in ("pulse", "pulse-ctx")}
+    sizes: dict[str, list[int]] = {name: [] for name in stores}
+    for name, store in stores.items():
+        publish_all(store, versions)
+        for held in (4, 1):  # one behind: the latest patch; four behind: a merge
+            update = store.update_for(held, state_hash(bf16(versions[held])))
+            assert update.kind == "patch"
+            assert patch_info(update.patch).format_version == (2 if name == "pulse-ctx" else 1)
+            receiver = WeightReceiver(bf16(versions[held]), version=held)
+            assert receiver.apply(update), receiver.last_error
+            assert bits_equal(receiver.weights, bf16(versions[-1]))
+            sizes[name].append(update.nbytes)
+        assert store.patch_nbytes(5) == sizes[name][0]
+    assert all(ctx < 0.9 * plain for ctx, plain in zip(sizes["pulse-ctx"], sizes["pulse"], strict=True))
+
+
+class SlowMergeCodec(PulseCtxCodec):
+    """Blocks inside merge until released, so publishes can happen while it re-codes against the latest copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def merge(self, records, latest):
+        self.entered.set()
+        assert self.release.wait(30)
+        return super().merge(records, latest)
+
+
+def test_a_merge_keeps_its_weights_copy_while_publishes_go_on():
+    codec = SlowMergeCodec()
+    store = WeightStore(codec, wire_dtype=torch.bfloat16, snapshot_every=100)
+    versions = adam_trajectory(6)
+    publish_all(store, versions[:4])
+    result: list[Update] = []
+    thread = threading.Thread(target=lambda: result.append(store.update_for(0, state_hash(bf16(versions[0])))))
+    thread.start()
+    assert codec.entered.wait(30)
+    store.publish(4, versions[4])  # the spare buffer is the one before the merge's; fine either way
+    store.publish(5, versions[5])  # would overwrite the copy the merge reads, were it not pinned
+    codec.release.set()
+    thread.join()
+    receiver = WeightReceiver(bf16(versions[0]), version=0)
+    assert receiver.apply(result[0]), receiver.last_error
+    assert receiver.version == 3
+    assert bits_equal(receiver.weights, bf16(versions[3]))
+
+
+def _resigned(blob: bytes, **fields) -> bytes:
+    parsed = unpack(blob)
+    return pack({**parsed.header, **fields}, [bytes(parsed.payload)], parsed.version)
+
+
+@pytest.mark.parametrize("codec", ["pulse", "pulse-ctx"])
+def test_a_refused_update_never_touches_the_weights(codec):
+    """Issue 15, item 8: blobs whose own versions or hashes disagree with the update are refused before any
+    write, including a snapshot that is fine followed by a patch that is not."""
+    store = make_store(codec, snapshot_every=2)
+    versions = trajectory(4)
+    publish_all(store, versions)
+    start = bf16(versions[0])
+    cases = {}
+    good = store.update_for(None, None)
+    assert good.kind == "snapshot"
+    assert good.patch is not None  # snapshot 2 + patch 2 -> 3
+    cases["patch result_version"] = Update(
+        3, good.state_hash, 2, good.snapshot, _resigned(good.patch, result_version=4)
+    )
+    cases["patch base_hash"] = Update(3, good.state_hash, 2, good.snapshot, _resigned(good.patch, base_hash="0" * 32))
+    cases["promised version"] = Update(7, good.state_hash, 2, good.snapshot, good.patch)
+    cases["snapshot as patch"] = Update(3, good.state_hash, 2, None, good.snapshot)
+    cases["patch as snapshot"] = Update(3, good.state_hash, 2, good.patch, None)
+    cases["noop, not held"] = Update(3, good.state_hash, 3)
+    one_step = store.update_for(2, state_hash(bf16(versions[2])))
+    cases["patch for another base"] = one_step
+    receiver = WeightReceiver(start, version=0)
+    for name, update in cases.items():
+        receiver.needs_snapshot = False
+        assert not receiver.apply(update), name
+        assert bits_equal(receiver.weights, bf16(versions[0])), name
+        assert receiver.version == 0, name
+    assert receiver.refused == len(cases)
+    assert receiver.apply(good)
+    assert (receiver.applied, receiver.version) == (1, 3)
+    assert bits_equal(receiver.weights, bf16(versions[3]))

@@ -1,21 +1,25 @@
-"""Weight-sync benchmark: patch size and encode/decode speed on synthetic steps or real checkpoints.
+"""Weight-sync benchmark: both patch formats side by side, sizes, entropy bounds and speeds, on one step.
 
-Synthetic step (`run_sync_bench`): fp32 master weights ~ N(0, 0.02) (norm weights ~ 1 + N(0, 0.02)) in a
-Qwen/Llama-like set of shapes, one Adam-like update w - lr * sign(g) with random g (Adam's first step is exactly
-lr * sign(g)), both rounded to bf16. With `change_rate` set instead, that share of bf16 elements (chosen
-uniformly) moves by +-1 in its bits, i.e. one ULP, the typical Adam move.
+Steps (`run_sync_bench(step=...)`, steps.py): "synthetic" (default): fp32 master weights ~ N(0, 0.02) (norm
+weights ~ 1 + N(0, 0.02)) in a Qwen/Llama-like set of shapes, one Adam-like update w - lr * sign(g) with random g
+(Adam's first step is exactly lr * sign(g)), both rounded to bf16; with `change_rate` set instead, that share of
+bf16 elements (chosen uniformly) moves by +-1 in its bits, i.e. one ULP. "noise": masters minus lr * N(0, 1).
+"qwen3": a ~90M-parameter Qwen3's real AdamW step. "demo": the demo run's real RL step.
 
-Reported, all measured in the same run:
-* bytes per changed element of the PULSE patch (whole blob: header, checksums, all tensors);
+Reported, all measured in the same run, for "pulse" (format v1, today's codec) and "pulse-ctx" (v2):
+* bytes per changed element of the patch (whole blob: header, checksums, all tensors) and the entropy bounds of
+  the step (entropy.py): independent positions per tensor, and positions and values given the exponent;
 * patch / full bf16 bytes, patch / zstd-1 of the full bf16 bytes, patch / reference layout, where the reference
   layout is the PULSE reference implementation's: each tensor viewed as 2-D (rows x rest), int32 row gaps +
   int32 column gaps (column absolute at each new row) + raw values, zstd-1 over the whole buffer;
 * the snapshot (kind "snapshot", byte planes + zstd) size and its encode / checked load speed;
 * encode GB/s (hashing base and new included) and decode GB/s (apply_patch: checksum, base hash, result hash
   on scratch, in-place write), GB = bf16 model bytes (numel * 2) / seconds; the headline figures are steady
-  state (second call), the first call in a fresh process is reported too (it pays for page faults).
+  state (best of `repeats` calls), the first call in a fresh process is reported too (it pays for page faults);
+  a plain copy's GB/s and the load average before and after, to judge a shared machine's figures.
 
-CLI: `python -m heterorl.weights.bench --params 1e9 --lr 1e-6` or `--base A.safetensors --new B.safetensors`.
+CLI: `python -m heterorl.weights.bench --params 1e9 --lr 1e-6`, `--step qwen3 --lr 1e-5`, or
+`--base A.safetensors --new B.safetensors`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -32,58 +37,12 @@ import numpy as np
 import torch
 import zstandard as zstd
 
+from heterorl.weights import entropy
 from heterorl.weights.format import StateDict, bits_view
 from heterorl.weights.hashing import state_hash
 from heterorl.weights.patch import apply_patch, encode_patch, patch_info
 from heterorl.weights.snapshot import encode_snapshot, load_snapshot
-
-
-# --- synthetic weights
-def synthetic_shapes(num_params: int) -> dict[str, tuple[int, ...]]:
-    """A decoder-only transformer's tensor shapes totalling roughly `num_params` (hidden d, GQA kv = d/4)."""
-    d = max(64, 2 ** round(math.log2(math.sqrt(num_params / (24 * 10.5)))))
-    ff = max(64, round(8 * d / 3 / 64) * 64)
-    vocab = min(32768, 8 * d)
-    per_layer = 2 * d * d + 2 * d * (d // 4) + 3 * d * ff + 2 * d
-    layers = max(1, round((num_params - vocab * d - d) / per_layer))
-    shapes: dict[str, tuple[int, ...]] = {"embed_tokens.weight": (vocab, d), "norm.weight": (d,)}
-    for i in range(layers):
-        p = f"layers.{i}."
-        shapes |= {
-            p + "self_attn.q_proj.weight": (d, d),
-            p + "self_attn.k_proj.weight": (d // 4, d),
-            p + "self_attn.v_proj.weight": (d // 4, d),
-            p + "self_attn.o_proj.weight": (d, d),
-            p + "mlp.gate_proj.weight": (ff, d),
-            p + "mlp.up_proj.weight": (ff, d),
-            p + "mlp.down_proj.weight": (d, ff),
-            p + "input_layernorm.weight": (d,),
-            p + "post_attention_layernorm.weight": (d,),
-        }
-    return shapes
-
-
-def synthetic_step(
-    num_params: int, change_rate: float | None, lr: float, seed: int
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """(base, new) bf16 state dicts one optimizer step apart; generated tensor by tensor to bound memory."""
-    gen = torch.Generator().manual_seed(seed)
-    base, new = {}, {}
-    for name, shape in synthetic_shapes(num_params).items():
-        master = torch.randn(shape, generator=gen).mul_(0.02)
-        if name.endswith("norm.weight"):
-            master += 1.0
-        base[name] = master.bfloat16()
-        if change_rate is None:
-            step = torch.randn(shape, generator=gen).sign_().mul_(lr)
-            new[name] = master.sub_(step).bfloat16()
-        else:
-            bits = base[name].view(torch.int16)
-            ulp = torch.randint(0, 2, shape, generator=gen, dtype=torch.int16).mul_(2).sub_(1)
-            moved = torch.rand(shape, generator=gen) < change_rate
-            new[name] = torch.where(moved, bits + ulp, bits).view(torch.bfloat16)
-        del master
-    return base, new
+from heterorl.weights.steps import STEPS, step_pair, synthetic_shapes, synthetic_step  # noqa: F401  (re-exported)
 
 
 # --- baselines
@@ -110,20 +69,32 @@ def zstd_full_nbytes(weights: StateDict, level: int = 1) -> int:
 
 
 # --- measurement
-def measure(base: StateDict, new: StateDict, *, level: int = 1, workers: int = 1, verbose: bool = True) -> dict:
-    """Patch size vs baselines and encode/decode speed for one (base, new) pair."""
+CODEC_FORMATS = {"pulse": False, "pulse-ctx": True}  # codec name -> encode_patch(context=...)
+
+
+def measure(
+    base: StateDict,
+    new: StateDict,
+    *,
+    level: int = 1,
+    workers: int = 1,
+    verbose: bool = True,
+    repeats: int = 3,
+    bounds: bool = True,
+) -> dict:
+    """Both patch formats side by side on one (base, new) pair: sizes vs baselines and entropy bounds, encode and
+    checked-decode speed (first call and best of `repeats` steady-state calls), a plain copy's speed.
+
+    Top-level keys describe "pulse" (v1, today's codec, unchanged for older callers); `ctx` holds the same keys
+    for "pulse-ctx" (v2); `bounds` the entropy bounds in bytes (entropy.bounds).
+    """
     numel = sum(t.numel() for t in base.values())
     model_bytes = 2 * numel  # bf16 bytes, the unit of the GB/s figures
     full_bytes = sum(t.numel() * t.element_size() for t in base.values())
-
-    # Cold = first call in this process (fresh memory: page faults are slow in sandboxes); warm = steady state
-    # of a learner/sampler that encodes/applies every step. The warm decode applies the patch again after a
-    # reverse patch brought the weights back to base.
-    encode_s, patch = _timed(lambda: encode_patch(base, new, level=level, workers=workers))
-    encode_warm_s, _ = _timed(lambda: encode_patch(base, new, level=level, workers=workers))
-    changed = patch_info(patch).changed
-    decode_s, decode_warm_s = _decode_times(base, new, patch, level, workers)
-
+    load_before = os.getloadavg()
+    per_codec = {name: _measure_codec(base, new, ctx, level, workers, repeats) for name, ctx in CODEC_FORMATS.items()}
+    v1, v2 = per_codec["pulse"], per_codec["pulse-ctx"]
+    changed = v1["changed"]
     reference = reference_layout_nbytes(base, new, level)
     zstd_full = zstd_full_nbytes(base, level)
     snapshot_s, snapshot = _timed(lambda: encode_snapshot(new, level=level, workers=workers))
@@ -132,40 +103,91 @@ def measure(base: StateDict, new: StateDict, *, level: int = 1, workers: int = 1
         "num_params": numel,
         "changed": changed,
         "change_rate": changed / max(1, numel),
-        "patch_bytes": len(patch),
-        "bytes_per_changed": len(patch) / max(1, changed),
+        **{k: v for k, v in v1.items() if k != "changed"},
         "full_bytes": full_bytes,
         "zstd_full_bytes": zstd_full,
         "reference_bytes": reference,
         "reference_bytes_per_changed": reference / max(1, changed),
-        "patch_over_full": len(patch) / full_bytes,
-        "patch_over_zstd_full": len(patch) / zstd_full,
-        "patch_over_reference": len(patch) / reference,
-        "encode_s": encode_warm_s,
-        "decode_s": decode_warm_s,
-        "encode_GBps": model_bytes / encode_warm_s / 1e9,
-        "decode_GBps": model_bytes / decode_warm_s / 1e9,
+        "patch_over_full": v1["patch_bytes"] / full_bytes,
+        "patch_over_zstd_full": v1["patch_bytes"] / zstd_full,
+        "patch_over_reference": v1["patch_bytes"] / reference,
+        "ctx": {k: v for k, v in v2.items() if k != "changed"},
+        "ctx_over_pulse": v2["patch_bytes"] / v1["patch_bytes"],
         "snapshot_bytes": len(snapshot),
         "snapshot_encode_GBps": model_bytes / snapshot_s / 1e9,
         "snapshot_load_GBps": model_bytes / load_s / 1e9,
-        "encode_cold_GBps": model_bytes / encode_s / 1e9,
-        "decode_cold_GBps": model_bytes / decode_s / 1e9,
+        "copy_GBps": _copy_gbps(base, model_bytes),
         "workers": workers,
+        "load_average": [*load_before, *os.getloadavg()],
     }
+    if bounds:
+        b = entropy.bounds(base, new)
+        result["bounds"] = {
+            "independent_bytes": b["independent_bits"] / 8,
+            "exponent_bytes": b["exponent_bits"] / 8,
+            "independent_per_changed": b["independent_bits"] / 8 / max(1, changed),
+            "exponent_per_changed": b["exponent_bits"] / 8 / max(1, changed),
+        }
     if verbose:
         print(format_result(result))
     return result
 
 
-def _decode_times(base: StateDict, new: StateDict, patch: bytes, level: int, workers: int) -> tuple[float, float]:
-    """(first, steady-state) seconds of apply_patch on a copy of base, each result checked against new."""
+def _measure_codec(
+    base: StateDict, new: StateDict, context: bool, level: int, workers: int, repeats: int
+) -> dict[str, Any]:
+    model_bytes = 2 * sum(t.numel() for t in base.values())
+
+    # First call: fresh memory (page faults are slow in sandboxes); steady: a learner/sampler that encodes or
+    # applies every step. Steady decodes apply the patch again after a reverse patch brought back the base.
+    def encode() -> bytes:
+        return encode_patch(base, new, level=level, workers=workers, context=context)
+
+    encode_s, patch = _timed(encode)
+    encode_warm_s = min(_timed(encode)[0] for _ in range(max(1, repeats)))
+    changed = patch_info(patch).changed
+    decode_s, decode_warm_s = _decode_times(base, new, patch, level, workers, context, repeats)
+    return {
+        "changed": changed,
+        "patch_bytes": len(patch),
+        "bytes_per_changed": len(patch) / max(1, changed),
+        "encode_s": encode_warm_s,
+        "decode_s": decode_warm_s,
+        "encode_GBps": model_bytes / encode_warm_s / 1e9,
+        "decode_GBps": model_bytes / decode_warm_s / 1e9,
+        "encode_cold_GBps": model_bytes / encode_s / 1e9,
+        "decode_cold_GBps": model_bytes / decode_s / 1e9,
+    }
+
+
+def _decode_times(
+    base: StateDict, new: StateDict, patch: bytes, level: int, workers: int, context: bool, repeats: int
+) -> tuple[float, float]:
+    """(first, best steady-state) seconds of apply_patch on a copy of base, each result checked against new."""
     weights = {name: t.clone() for name, t in base.items()}
+    new_hash = state_hash(new)
     cold_s, _ = _timed(lambda: apply_patch(weights, patch, workers=workers))
-    assert state_hash(weights) == state_hash(new), "decoded weights differ from the new weights"
-    apply_patch(weights, encode_patch(new, base, level=level, workers=workers), workers=workers)
-    warm_s, _ = _timed(lambda: apply_patch(weights, patch, workers=workers))
-    assert state_hash(weights) == state_hash(new), "decoded weights differ from the new weights"
-    return cold_s, warm_s
+    assert state_hash(weights) == new_hash, "decoded weights differ from the new weights"
+    back = encode_patch(new, base, level=level, workers=workers, context=context)
+    warm = []
+    for _ in range(max(1, repeats)):
+        apply_patch(weights, back, workers=workers)
+        warm.append(_timed(lambda: apply_patch(weights, patch, workers=workers))[0])
+        assert state_hash(weights) == new_hash, "decoded weights differ from the new weights"
+    return cold_s, min(warm)
+
+
+def _copy_gbps(weights: StateDict, model_bytes: int) -> float:
+    """Speed of a plain copy of the weights into preallocated memory (the machine's yardstick right now)."""
+    views = [bits_view(weights[name]) for name in sorted(weights)]
+    out = [np.empty_like(v) for v in views]
+    seconds = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for src, dst in zip(views, out, strict=True):
+            np.copyto(dst, src)
+        seconds.append(time.perf_counter() - start)
+    return model_bytes / min(seconds) / 1e9
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -175,24 +197,42 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def format_result(r: Mapping[str, Any]) -> str:
-    """Human-readable summary of `measure`'s dict."""
-    return "\n".join(
-        [
-            f"params            {r['num_params']:,}  changed {r['changed']:,} ({100 * r['change_rate']:.3f}%)",
-            f"patch             {r['patch_bytes']:,} B = {r['bytes_per_changed']:.3f} B/changed element",
-            f"vs full           {r['patch_over_full']:.5f} x ({r['full_bytes']:,} B; "
-            f"{1 / r['patch_over_full']:.0f}x smaller)",
-            f"vs zstd-1 full    {r['patch_over_zstd_full']:.5f} x ({r['zstd_full_bytes']:,} B)",
-            f"vs reference      {r['patch_over_reference']:.3f} x ({r['reference_bytes']:,} B = "
-            f"{r['reference_bytes_per_changed']:.3f} B/changed element)",
-            f"encode            {r['encode_s']:.3f} s = {r['encode_GBps']:.2f} GB/s of bf16 model bytes "
-            f"(first call {r['encode_cold_GBps']:.2f} GB/s); workers={r['workers']}",
-            f"decode (checked)  {r['decode_s']:.3f} s = {r['decode_GBps']:.2f} GB/s "
-            f"(first call {r['decode_cold_GBps']:.2f} GB/s)",
-            f"snapshot          {r['snapshot_bytes']:,} B; encode {r['snapshot_encode_GBps']:.2f} GB/s, "
-            f"load (checked) {r['snapshot_load_GBps']:.2f} GB/s",
-        ]
-    )
+    """Human-readable summary of `measure`'s dict: both codecs side by side, then the baselines."""
+    c = r["ctx"]
+    load = r["load_average"]
+    lines = [
+        f"params {r['num_params']:,}  changed {r['changed']:,} ({100 * r['change_rate']:.3f}%)  "
+        f"workers={r['workers']}  load average {load[0]:.2f} (before) {load[3]:.2f} (after)",
+        f"{'':26s} {'pulse (v1)':>16s} {'pulse-ctx (v2)':>16s}",
+        f"{'patch bytes':26s} {r['patch_bytes']:16,} {c['patch_bytes']:16,}   v2/v1 = {r['ctx_over_pulse']:.3f}",
+        f"{'bytes / changed element':26s} {r['bytes_per_changed']:16.3f} {c['bytes_per_changed']:16.3f}",
+        f"{'encode GB/s (first call)':26s} {_speed(r['encode_GBps'], r['encode_cold_GBps'])}"
+        f" {_speed(c['encode_GBps'], c['encode_cold_GBps'])}",
+        f"{'checked decode GB/s':26s} {_speed(r['decode_GBps'], r['decode_cold_GBps'])}"
+        f" {_speed(c['decode_GBps'], c['decode_cold_GBps'])}",
+    ]
+    if "bounds" in r:
+        b = r["bounds"]
+        lines.append(
+            f"entropy bounds            independent positions {b['independent_per_changed']:.3f} B/changed, "
+            f"exponent-conditioned {b['exponent_per_changed']:.3f} B/changed"
+        )
+    lines += [
+        f"vs full                   v1 {r['patch_over_full']:.5f} x ({r['full_bytes']:,} B; "
+        f"{1 / r['patch_over_full']:.0f}x smaller)",
+        f"vs zstd-1 full            v1 {r['patch_over_zstd_full']:.5f} x ({r['zstd_full_bytes']:,} B)",
+        f"vs reference layout       v1 {r['patch_over_reference']:.3f} x, v2 "
+        f"{c['patch_bytes'] / r['reference_bytes']:.3f} x ({r['reference_bytes']:,} B = "
+        f"{r['reference_bytes_per_changed']:.3f} B/changed element)",
+        f"snapshot                  {r['snapshot_bytes']:,} B; encode {r['snapshot_encode_GBps']:.2f} GB/s, "
+        f"load (checked) {r['snapshot_load_GBps']:.2f} GB/s",
+        f"plain copy                {r['copy_GBps']:.2f} GB/s (GB = bf16 model bytes)",
+    ]
+    return "\n".join(lines)
+
+
+def _speed(steady: float, first: float) -> str:
+    return f"{steady:9.2f} ({first:4.2f})"
 
 
 def run_sync_bench(
@@ -204,11 +244,15 @@ def run_sync_bench(
     level: int = 1,
     workers: int = 1,
     verbose: bool = True,
+    step: str = "synthetic",
+    repeats: int = 3,
 ) -> dict:
-    """Synthetic one-step benchmark (module docstring); returns `measure`'s dict plus the inputs."""
-    base, new = synthetic_step(num_params, change_rate, lr, seed)
-    result = measure(base, new, level=level, workers=workers, verbose=verbose)
-    return {"lr": lr if change_rate is None else None, "requested_change_rate": change_rate, **result}
+    """One-step benchmark of both codecs on a step of kind `step` (steps.STEPS; module docstring); returns
+    `measure`'s dict plus the inputs."""
+    base, new = step_pair(step, num_params, lr, change_rate, seed)
+    result = measure(base, new, level=level, workers=workers, verbose=verbose, repeats=repeats)
+    lr_used = None if step == "demo" or (step == "synthetic" and change_rate is not None) else lr
+    return {"step": step, "lr": lr_used, "requested_change_rate": change_rate, **result}
 
 
 def load_checkpoint(source: str | Path | StateDict, dtype: torch.dtype | None = torch.bfloat16) -> StateDict:
@@ -245,9 +289,11 @@ def compare_checkpoints(
 def main(argv: list[str] | None = None) -> dict:
     """CLI entry point (see module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--step", choices=STEPS, default="synthetic", help="kind of step (steps.py)")
     parser.add_argument("--params", type=float, default=1e8, help="synthetic model size (parameters)")
     parser.add_argument("--change-rate", type=float, default=None, help="share of bf16 elements moved by 1 ULP")
-    parser.add_argument("--lr", type=float, default=1e-6, help="step size of the lr * sign(g) update")
+    parser.add_argument("--lr", type=float, default=1e-6, help="learning rate of the step")
+    parser.add_argument("--repeats", type=int, default=3, help="steady-state timings: best of this many")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--level", type=int, default=1, help="zstd level")
     parser.add_argument("--workers", type=int, default=1, help="threads for encode/decode")
@@ -261,7 +307,14 @@ def main(argv: list[str] | None = None) -> dict:
         result = compare_checkpoints(args.base, args.new, level=args.level, workers=args.workers)
     else:
         result = run_sync_bench(
-            int(args.params), args.change_rate, args.lr, args.seed, level=args.level, workers=args.workers
+            int(args.params),
+            args.change_rate,
+            args.lr,
+            args.seed,
+            level=args.level,
+            workers=args.workers,
+            step=args.step,
+            repeats=args.repeats,
         )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -4,7 +4,7 @@ Layout of every blob (little-endian)::
 
     offset  size  field
     0       8     magic            b"HRLWSYNC"
-    8       4     format_version   u32, FORMAT_VERSION
+    8       4     format_version   u32: 1 (snapshots, plain patches) or 2 (context-coded patches, ctxpatch.py)
     12      4     header_len       u32, bytes of the (compressed) header
     16      8     payload_len      u64, bytes of the payload
     24      16    checksum         xxh3-128 digest of header bytes + payload bytes
@@ -35,7 +35,9 @@ import xxhash
 import zstandard as zstd
 
 MAGIC = b"HRLWSYNC"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # snapshots and plain patches (patch.py)
+CTX_FORMAT_VERSION = 2  # patches coded by magnitude class (ctxpatch.py)
+FORMAT_VERSIONS = (FORMAT_VERSION, CTX_FORMAT_VERSION)
 PREFIX = struct.Struct("<8sIIQ16s")  # magic, format_version, header_len, payload_len, checksum
 MAX_HEADER_BYTES = 64 << 20  # decompressed; a header names tensors, not data, so anything larger is garbage
 HEADER_LEVEL = 3  # the header is small; a denser level costs nothing noticeable
@@ -100,21 +102,23 @@ def writable_bits_view(t: torch.Tensor, name: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Blob:
-    """A parsed, checksum-verified container: the JSON header and a zero-copy view of the payload."""
+    """A parsed, checksum-verified container: format version, the JSON header, a zero-copy view of the payload."""
 
     header: dict[str, Any]
     payload: memoryview
+    version: int = FORMAT_VERSION
 
 
-def pack(header: Mapping[str, Any], payload_parts: Sequence[bytes]) -> bytes:
+def pack(header: Mapping[str, Any], payload_parts: Sequence[bytes], version: int = FORMAT_VERSION) -> bytes:
     """Assemble header + payload pieces into one blob with lengths and checksum (one copy of each piece)."""
+    assert version in FORMAT_VERSIONS, f"unknown format version {version}"
     header_json = json.dumps(header, separators=(",", ":"), sort_keys=True).encode()
     header_bytes = zstd.ZstdCompressor(level=HEADER_LEVEL).compress(header_json)
     hasher = xxhash.xxh3_128(header_bytes)
     for part in payload_parts:
         hasher.update(part)
     payload_len = sum(len(part) for part in payload_parts)
-    prefix = PREFIX.pack(MAGIC, FORMAT_VERSION, len(header_bytes), payload_len, hasher.digest())
+    prefix = PREFIX.pack(MAGIC, version, len(header_bytes), payload_len, hasher.digest())
     return b"".join((prefix, header_bytes, *payload_parts))
 
 
@@ -126,8 +130,8 @@ def unpack(blob: bytes | bytearray | memoryview) -> Blob:
     magic, version, header_len, payload_len, checksum = PREFIX.unpack_from(view, 0)
     if magic != MAGIC:
         raise PatchError(f"bad magic {magic!r}: not a heterorl weight-sync blob")
-    if version != FORMAT_VERSION:
-        raise PatchError(f"unsupported format version {version} (this build reads {FORMAT_VERSION})")
+    if version not in FORMAT_VERSIONS:
+        raise PatchError(f"unsupported format version {version} (this build reads {FORMAT_VERSIONS})")
     expected = PREFIX.size + header_len + payload_len
     if len(view) != expected:
         raise PatchError(f"blob is {len(view)} bytes but its prefix declares {expected} (truncated or padded)")
@@ -144,11 +148,11 @@ def unpack(blob: bytes | bytearray | memoryview) -> Blob:
         header = json.loads(zstd.ZstdDecompressor().decompress(header_bytes, max_output_size=size))
     except zstd.ZstdError as err:
         raise PatchError(f"header is not a valid zstd frame: {err}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise PatchError(f"header is not valid JSON: {err}") from None
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError, int digit limit; nesting
+        raise PatchError(f"header is not valid JSON: {type(err).__name__}: {str(err)[:200]}") from None
     if not isinstance(header, dict):
         raise PatchError("header is not a JSON object")
-    return Blob(header=header, payload=payload)
+    return Blob(header=header, payload=payload, version=version)
 
 
 # --- header field checks: a checksum proves integrity, not that the encoder was sane.

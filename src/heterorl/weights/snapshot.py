@@ -16,6 +16,7 @@ import zstandard as zstd
 
 from heterorl.weights import hashing
 from heterorl.weights.format import (
+    FORMAT_VERSION,
     PatchError,
     StateDict,
     TensorMeta,
@@ -100,8 +101,8 @@ def encode_snapshot(
 def _parse(snapshot: bytes | bytearray | memoryview) -> tuple[list[TensorMeta], str, memoryview]:
     blob = unpack(snapshot)
     header = blob.header
-    if header.get("kind") != "snapshot":
-        raise PatchError(f"expected a snapshot, got kind {header.get('kind')!r}")
+    if header.get("kind") != "snapshot" or blob.version != FORMAT_VERSION:
+        raise PatchError(f"expected a snapshot, got kind {header.get('kind')!r} (format version {blob.version})")
     metas = [meta for meta, _ in tensor_entries(header, len(blob.payload))]
     for meta in metas:
         if meta.raw_nbytes != meta.numel * meta.itemsize:

@@ -6,10 +6,14 @@ publishes, whenever the chain since the last snapshot would exceed `max_chain`, 
 full codec. Only then is everything swapped in under the lock, so a reader never sees a version without all its
 parts (atomic publication; a failed encode leaves the store as it was).
 
-Kept: the last `retain` versions' hashes and patches, every version since the newest snapshot (so a fresh
-receiver can always be served), the newest snapshot only (an older snapshot plus a longer chain never beats
-it), and the store's own copy of the latest weights (the base of the next patch) plus a spare copy reused for
-the next publish (two model copies in the wire dtype).
+Kept: the last `retain` versions' hashes and patch records (v1 patches from the predecessor, what merges start
+from), every version since the newest snapshot (so a fresh receiver can always be served), the newest snapshot
+only (an older snapshot plus a longer chain never beats it), the latest version's patch as receivers download it
+(the codec's wire form: the record itself for "pulse", a v2 patch for "pulse-ctx"), and the store's own copy of
+the latest weights (the base of the next patch, and what "pulse-ctx" re-codes merged patches against) plus a
+spare copy reused for the next publish (two model copies in the wire dtype; a copy that a merge is still
+reading is never reused). With `device="cuda"` those copies live on the GPU and patches are diffed and
+classified there (diffscan.py, classes.py); only the changes, the hashes' bytes and snapshots cross to the host.
 
 `update_for(held_version, held_hash)` serves the smallest correct update: nothing if current; else the
 candidates are (a) the merged patch held -> latest, if the held version is retained, its hash matches and the
@@ -28,11 +32,11 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
-from heterorl.weights.codecs import SyncCodec, make_codec
+from heterorl.weights.codecs import EncodedPatch, SyncCodec, make_codec
 from heterorl.weights.format import PatchError, StateDict
 from heterorl.weights.hashing import state_hash
-from heterorl.weights.patch import PatchInfo, apply_patch, patch_info
-from heterorl.weights.snapshot import apply_snapshot, load_snapshot
+from heterorl.weights.patch import apply_patch, patch_info
+from heterorl.weights.snapshot import load_snapshot
 
 if TYPE_CHECKING:
     from heterorl.config import WeightsConfig
@@ -84,6 +88,7 @@ class WeightStore:
         max_chain: int = 16,
         retain: int = 64,
         wire_dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
     ) -> None:
         assert snapshot_every >= 1, f"snapshot_every must be >= 1, got {snapshot_every}"
         assert max_chain >= 1, f"max_chain must be >= 1, got {max_chain}"
@@ -93,16 +98,20 @@ class WeightStore:
         self.max_chain = max_chain
         self.retain = retain
         self.wire_dtype = wire_dtype
+        self.device = torch.device(device)  # where the store's weight copies live and patches are diffed
         self._lock = threading.Lock()  # guards everything below
         self._publish_lock = threading.Lock()  # one publish at a time
         self._order: list[int] = []  # retained versions, oldest first
         self._hashes: dict[int, str] = {}
-        self._patches: dict[int, bytes] = {}  # version -> patch from its predecessor
+        self._records: dict[int, bytes] = {}  # version -> v1 patch from its predecessor (merge input)
+        self._wire_nbytes: dict[int, int] = {}  # version -> size of that patch as receivers download it
+        self._latest_wire: bytes | None = None  # the latest version's patch as receivers download it
         self._snapshot: tuple[int, bytes] | None = None  # newest snapshot
         self._since_snapshot = 0  # publishes since the newest snapshot
         self._last: dict[str, torch.Tensor] | None = None  # store-owned copy of the latest weights
         self._spare: dict[str, torch.Tensor] | None = None  # the previous copy, reused as the next one
         self._merged: dict[tuple[int, int], bytes] = {}  # (from, to) -> merged patch, for the latest `to` only
+        self._pinned: dict[int, int] = {}  # id of a weights copy -> merges reading it (never reused meanwhile)
 
     @classmethod
     def from_config(cls, cfg: WeightsConfig, *, workers: int = 1) -> WeightStore:
@@ -124,23 +133,24 @@ class WeightStore:
             if latest is not None and version <= latest:
                 raise ValueError(f"version {version} is not newer than the latest published version {latest}")
             new = self._wire_copy(weights)
-            patch = None
+            patch: EncodedPatch | None = None
             if self._last is not None and latest is not None:
                 base_hash = self._hashes[latest]
                 patch = self.codec.encode_patch(self._last, new, base_hash=base_hash, versions=(latest, version))
-            info = patch_info(patch) if patch is not None else None
+            info = patch_info(patch.wire) if patch is not None else None
             new_hash = info.result_hash if info is not None else state_hash(new)
             chain = self._since_snapshot + 1  # patches since the newest snapshot if this one is not one
             snapshot = None
             if patch is None or chain >= self.snapshot_every or chain > self.max_chain:
-                snapshot = self.codec.encode_snapshot(new, state_hash=new_hash, version=version)
+                on_host = new if self.device.type == "cpu" else {k: v.cpu() for k, v in new.items()}
+                snapshot = self.codec.encode_snapshot(on_host, state_hash=new_hash, version=version)
             with self._lock:
                 self._commit(version, new_hash, patch, snapshot)
                 self._spare, self._last = self._last, new
             return Published(
                 version=version,
                 state_hash=new_hash,
-                patch_nbytes=None if patch is None else len(patch),
+                patch_nbytes=None if patch is None else len(patch.wire),
                 snapshot_nbytes=None if snapshot is None else len(snapshot),
                 changed=None if info is None else info.changed,
                 numel=sum(t.numel() for t in new.values()),
@@ -154,7 +164,10 @@ class WeightStore:
         fresh copy: old and new both exist while the patch is encoded) but avoids allocating a model copy per
         publish, which costs seconds per GB where page faults are slow (this sandbox VM).
         """
-        spare, self._spare = self._spare, None
+        with self._lock:
+            spare, self._spare = self._spare, None
+            if spare is not None and self._pinned.get(id(spare)):
+                spare = None  # a merge is still re-coding against it
         out = {}
         for name in sorted(weights):
             t = weights[name].detach()
@@ -163,14 +176,16 @@ class WeightStore:
             if buf is not None and buf.dtype == dtype and buf.shape == t.shape:
                 out[name] = buf.copy_(t)
             else:
-                out[name] = t.to(device="cpu", dtype=dtype, copy=True).contiguous()
+                out[name] = t.to(device=self.device, dtype=dtype, copy=True).contiguous()
         return out
 
-    def _commit(self, version: int, new_hash: str, patch: bytes | None, snapshot: bytes | None) -> None:
+    def _commit(self, version: int, new_hash: str, patch: EncodedPatch | None, snapshot: bytes | None) -> None:
         self._order.append(version)
         self._hashes[version] = new_hash
+        self._latest_wire = None if patch is None else patch.wire
         if patch is not None:
-            self._patches[version] = patch
+            self._records[version] = patch.record
+            self._wire_nbytes[version] = len(patch.wire)
         if snapshot is not None:
             self._snapshot = (version, snapshot)
             self._since_snapshot = 0
@@ -182,8 +197,10 @@ class WeightStore:
         while len(self._order) > self.retain and self._order[0] < snapshot_version:
             old = self._order.pop(0)
             del self._hashes[old]
-            self._patches.pop(old, None)
-        self._patches.pop(self._order[0], None)  # its predecessor is gone, so is any use for it
+            self._records.pop(old, None)
+            self._wire_nbytes.pop(old, None)
+        self._records.pop(self._order[0], None)  # its predecessor is gone, so is any use for it
+        self._wire_nbytes.pop(self._order[0], None)
 
     # --- sampler side
     def update_for(self, held_version: int | None, held_hash: str | None) -> Update:
@@ -199,30 +216,45 @@ class WeightStore:
                 return Update(version=latest, state_hash=latest_hash, base_version=latest)
             assert self._snapshot is not None
             snap_version, snapshot = self._snapshot
-            patches = dict(self._patches)
-        chain = order[order.index(held_version) :] if known else []
-        patch_update = None
-        if chain and len(chain) - 1 <= self.max_chain and all(v in patches for v in chain[1:]):
-            patch = self._merged_patch(chain, patches)
-            patch_update = Update(version=latest, state_hash=latest_hash, base_version=held_version, patch=patch)
-            if len(snapshot) >= patch_update.nbytes:
+            records = dict(self._records)
+            latest_wire = self._latest_wire
+            last = self._last
+            assert last is not None
+            self._pinned[id(last)] = self._pinned.get(id(last), 0) + 1
+        try:
+            chain = order[order.index(held_version) :] if known else []
+            patch_update = None
+            if chain and len(chain) - 1 <= self.max_chain and all(v in records for v in chain[1:]):
+                patch = self._merged_patch(chain, records, latest_wire, last)
+                patch_update = Update(version=latest, state_hash=latest_hash, base_version=held_version, patch=patch)
+                if len(snapshot) >= patch_update.nbytes:
+                    return patch_update
+            tail = None
+            if snap_version != latest:
+                tail = self._merged_patch(order[order.index(snap_version) :], records, latest_wire, last)
+            snap_update = Update(latest, latest_hash, base_version=snap_version, snapshot=snapshot, patch=tail)
+            if patch_update is not None and patch_update.nbytes <= snap_update.nbytes:
                 return patch_update
-        tail = None if snap_version == latest else self._merged_patch(order[order.index(snap_version) :], patches)
-        snap_update = Update(latest, latest_hash, base_version=snap_version, snapshot=snapshot, patch=tail)
-        if patch_update is not None and patch_update.nbytes <= snap_update.nbytes:
-            return patch_update
-        return snap_update
+            return snap_update
+        finally:
+            with self._lock:
+                self._pinned[id(last)] -= 1
+                if not self._pinned[id(last)]:
+                    del self._pinned[id(last)]
 
-    def _merged_patch(self, versions: list[int], patches: Mapping[int, bytes]) -> bytes:
-        """Merged patch versions[0] -> versions[-1] (a single patch as is), cached while it stays latest."""
+    def _merged_patch(
+        self, versions: list[int], records: Mapping[int, bytes], latest_wire: bytes | None, last: StateDict
+    ) -> bytes:
+        """Patch versions[0] -> versions[-1] (the latest) as receivers download it, cached while it stays latest."""
         if len(versions) == 2:
-            return patches[versions[1]]
+            assert latest_wire is not None
+            return latest_wire
         key = (versions[0], versions[-1])
         with self._lock:
             cached = self._merged.get(key)
         if cached is not None:
             return cached
-        merged = self.codec.merge([patches[v] for v in versions[1:]])
+        merged = self.codec.merge([records[v] for v in versions[1:]], last)
         with self._lock:
             if self._order and self._order[-1] == versions[-1]:
                 self._merged[key] = merged
@@ -251,16 +283,19 @@ class WeightStore:
             return None if self._snapshot is None else self._snapshot[0]
 
     def patch_nbytes(self, version: int) -> int | None:
-        """Size of the patch that produced `version`, None if there is none retained."""
+        """Size (as receivers download it) of the patch that produced `version`, None if none is retained."""
         with self._lock:
-            patch = self._patches.get(version)
-            return None if patch is None else len(patch)
+            return self._wire_nbytes.get(version) if version in self._records else None
 
     @property
     def nbytes(self) -> int:
-        """Bytes held in patches, the snapshot and cached merges (not counting the latest-weights copy)."""
+        """Bytes held in patch records, the latest wire patch, the snapshot and cached merges (not counting the
+        weight copies)."""
         with self._lock:
-            held = sum(len(p) for p in self._patches.values()) + sum(len(p) for p in self._merged.values())
+            held = sum(len(p) for p in self._records.values()) + sum(len(p) for p in self._merged.values())
+            latest = self._records.get(self._order[-1]) if self._order else None
+            if self._latest_wire is not None and self._latest_wire is not latest:
+                held += len(self._latest_wire)
             return held + (len(self._snapshot[1]) if self._snapshot else 0)
 
 
@@ -268,8 +303,8 @@ class WeightReceiver:
     """Sampler side: holds weights, their version and hash; applies updates; asks for a snapshot on failure.
 
     Usage: `update = store.update_for(*receiver.held()); ok = receiver.apply(update)`. When `apply` returns
-    False the weights are still a valid, hash-checked version (or None), and `held()` returns (None, None) so
-    the next update is a snapshot.
+    False nothing was written: the weights are still the last verified version (or None), `last_error` says why,
+    `refused` counts it, and `held()` returns (None, None) so the next update is a snapshot.
     """
 
     def __init__(self, weights: dict[str, torch.Tensor] | None = None, *, version: int | None = None) -> None:
@@ -279,37 +314,68 @@ class WeightReceiver:
         self.needs_snapshot = self.version is None
         self.last_error: str | None = None
         self.bytes_received = 0
+        self.applied = 0  # updates applied
+        self.refused = 0  # updates refused (weights untouched)
 
     def held(self) -> tuple[int | None, str | None]:
         """(version, hash) to send to the store; (None, None) when only a snapshot will do."""
         return (None, None) if self.needs_snapshot else (self.version, self.state_hash)
 
     def apply(self, update: Update) -> bool:
-        """Apply a store update in place; True if the receiver now holds update.version with a verified hash."""
+        """Apply a store update in place; True if the receiver now holds update.version with a verified hash.
+
+        Everything is checked before the first weight is written: both blobs (checksums, headers, their versions
+        and hashes against the update's and against each other), the decoded result's hash, and its layout
+        against the held weights. A snapshot (plus patch) is decoded into fresh tensors and copied in only then.
+        """
         self.bytes_received += update.nbytes
         try:
-            if update.snapshot is not None:
-                if self.weights is None:
-                    self.weights = load_snapshot(update.snapshot)
-                else:
-                    apply_snapshot(self.weights, update.snapshot)
-                self._now_at(patch_info(update.snapshot))
-            if update.patch is not None:
-                if self.weights is None:
-                    raise PatchError("received a patch but holds no weights")
-                apply_patch(self.weights, update.patch)
-                self._now_at(patch_info(update.patch))
+            self._apply(update)
         except PatchError as err:
             self.needs_snapshot = True
             self.last_error = str(err)
+            self.refused += 1
             return False
-        if (self.version, self.state_hash) != (update.version, update.state_hash):
-            self.needs_snapshot = True
-            self.last_error = f"holds {self.version}/{self.state_hash}, update promised {update.version}"
-            return False
+        self.version, self.state_hash = update.version, update.state_hash
         self.needs_snapshot = False
         self.last_error = None
+        self.applied += 1
         return True
 
-    def _now_at(self, info: PatchInfo) -> None:
-        self.version, self.state_hash = info.result_version, info.result_hash
+    def _apply(self, update: Update) -> None:
+        snap = patch_info(update.snapshot) if update.snapshot is not None else None
+        patch = patch_info(update.patch) if update.patch is not None else None
+        if snap is not None and snap.kind != "snapshot":
+            raise PatchError(f"update's snapshot is a {snap.kind}")
+        if patch is not None and patch.kind != "patch":
+            raise PatchError(f"update's patch is a {patch.kind}")
+        if snap is None and patch is None:  # noop: must already hold it
+            if self.needs_snapshot or (self.version, self.state_hash) != (update.version, update.state_hash):
+                raise PatchError(f"empty update for version {update.version}, but holds {self.version}")
+            return
+        base_hash = snap.result_hash if snap is not None else self.state_hash
+        if patch is not None and patch.base_hash != base_hash:
+            raise PatchError(f"update's patch applies to {patch.base_hash}, not to {base_hash}")
+        final = patch if patch is not None else snap
+        assert final is not None
+        if (final.result_version, final.result_hash) != (update.version, update.state_hash):
+            raise PatchError(
+                f"update promises {update.version}/{update.state_hash}, its blobs lead to "
+                f"{final.result_version}/{final.result_hash}"
+            )
+        if update.snapshot is None:
+            if self.weights is None or self.needs_snapshot:
+                raise PatchError("received a patch but holds no verified weights")
+            apply_patch(self.weights, update.patch)  # type: ignore[arg-type]  # all-or-nothing itself
+            return
+        staged = load_snapshot(update.snapshot)  # fresh tensors, hash-checked
+        if update.patch is not None:
+            apply_patch(staged, update.patch)
+        if self.weights is None:
+            self.weights = staged
+            return
+        held = {name: (t.dtype, tuple(t.shape)) for name, t in self.weights.items()}
+        if held != {name: (t.dtype, tuple(t.shape)) for name, t in staged.items()}:
+            raise PatchError("the update's weights have another layout than the held ones")
+        for name, t in staged.items():
+            self.weights[name].copy_(t)

@@ -1,0 +1,342 @@
+"""PULSE v2 stream coding of one segment (a tensor, or a few small tensors' bits concatenated) by magnitude class.
+
+The changes are the same as in v1 (changed = raw bits differ; value code = zigzag(new - base mod 2^width) - 1)
+but coded per magnitude class of the base (`classes.py`), class c = 0 (smallest |bits|) .. K-1 (the top class):
+
+* positions of class c's changes:
+  - classes below the top by rank among the class's members (members in flat order), the top class by flat
+    position (no enumeration of the bulk of the tensor; every decoded top-class position must be a member);
+  - "gaps" mode: g_i = r_i - r_(i-1) - 1 (r_(-1) = -1) through `intcode`, or
+    "bitmap" mode: one bit per member (per element for the top class), 1 = changed, least significant bit
+    first; dense classes decode without gap arithmetic and zstd's Huffman stage codes the bytes near their
+    entropy;
+* value codes of class c's changes, in the same order: "bits" mode when every code is 0 or 1 (a +-1 ULP step:
+  one raw bit each, no Huffman table), else "int" mode through `intcode`.
+
+Frame: one zstd frame of [class 0 position parts][class 0 value parts][class 1 ...], a block boundary after
+every part. Segment header fields: `count`, `bounds` (K - 1 strictly increasing magnitudes), `classes`: K
+entries {"n": count, "m": members (below the top only; checked against the receiver's own enumeration),
+"p": position mode, "g": gap spec [k, escapes, escape_width], "v": value mode, "x": value spec}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from heterorl.weights.classes import (
+    MANTISSA_BITS,
+    MAX_CLASSES,
+    choose_bounds,
+    class_flags_torch,
+    magnitude_mask,
+    magnitudes,
+    members,
+    sample_stride,
+)
+from heterorl.weights.format import UINT, PatchError, get_int
+from heterorl.weights.intcode import (
+    StreamSpec,
+    compress_parts,
+    decode_uints,
+    decompress_exact,
+    encode_uints,
+    uint_for,
+    unzigzag_plus_one,
+    zigzag_minus_one,
+)
+from heterorl.weights.plain import decode_positions
+
+MIN_CLASS_NUMEL = 1 << 12  # smaller segments keep one class: a class costs ~40 bytes of header and tables
+SMALL_SEGMENT = 1 << 20  # segments up to this size may rank-code every class: their decode time is negligible
+MAX_BELOW = 0.15  # larger ones rank-code at most this share of their elements (the rest are the flat top class),
+MAX_BELOW_DENSE = 0.5  # or up to 3x their change rate, capped here: dense steps change the bulk octaves too
+BITMAP_RATE = 0.25  # a class with at least this share of its members changed sends positions as a bitmap
+POSITION_MODES = ("gaps", "bitmap")
+VALUE_MODES = ("int", "bits")
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    """One class of one segment as the header describes it (validated)."""
+
+    count: int  # changes in the class
+    members: int  # elements of the class (the top class: all elements of the segment, positions are flat)
+    pos_mode: str
+    gaps: StreamSpec | None  # "gaps" mode only
+    val_mode: str
+    values: StreamSpec | None  # "int" mode only
+
+    def position_sizes(self) -> list[int]:
+        if self.count == 0:
+            return []
+        if self.pos_mode == "bitmap":
+            return [-(-self.members // 8)]
+        assert self.gaps is not None
+        return self.gaps.part_sizes(self.count)
+
+    def value_sizes(self) -> list[int]:
+        if self.count == 0:
+            return []
+        if self.val_mode == "bits":
+            return [-(-self.count // 8)]
+        assert self.values is not None
+        return self.values.part_sizes(self.count)
+
+    def to_json(self, top: bool) -> dict[str, Any]:
+        out: dict[str, Any] = {"n": self.count}
+        if not top:
+            out["m"] = self.members
+        if self.count:
+            out["p"], out["v"] = self.pos_mode, self.val_mode
+            if self.gaps is not None:
+                out["g"] = [self.gaps.k, self.gaps.escapes, self.gaps.escape_width]
+            if self.values is not None:
+                out["x"] = [self.values.k, self.values.escapes, self.values.escape_width]
+        return out
+
+
+@dataclass(frozen=True)
+class SegmentCode:
+    """A segment's parsed class layout: element count, dtype, changes, bounds, classes (the top class last)."""
+
+    numel: int
+    dtype: torch.dtype
+    count: int
+    bounds: list[int]
+    classes: list[ClassSpec]
+    raw_nbytes: int
+
+
+# --- encode
+def encode_segment(
+    base: np.ndarray | torch.Tensor,
+    pos_K: np.ndarray,
+    delta_K: np.ndarray,
+    dtype: torch.dtype,
+    level: int,
+    workers: int = 1,
+) -> tuple[dict[str, Any], bytes]:
+    """Header fields (count, bounds, classes, raw_nbytes) and zstd frame of one segment's changes.
+
+    base: the segment's base bits, a host array (unsigned view) or a tensor on the weights' device (signed
+    integer view: the class work then runs there with torch ops); pos_K: sorted changed positions; delta_K:
+    wrapped differences (host arrays). Both kinds of base give the same bytes.
+    """
+    count = int(pos_K.size)
+    if count == 0:
+        return {"count": 0, "bounds": [], "classes": [], "raw_nbytes": 0}, b""
+    n = base.size if isinstance(base, np.ndarray) else base.numel()
+    codes_K = zigzag_minus_one(delta_K)
+    mask = magnitude_mask(dtype)
+    bounds: list[int] = []
+    if mask is not None and n >= MIN_CLASS_NUMEL:
+        sample_mag, mag_K = _magnitudes_for_bounds(base, pos_K, mask)
+        max_below = 1.0 if n <= SMALL_SEGMENT else min(MAX_BELOW_DENSE, max(MAX_BELOW, 3 * count / n))
+        bounds = choose_bounds(sample_mag, n, mag_K, codes_K, MANTISSA_BITS[dtype], MAX_CLASSES, max_below)
+    parts: list[np.ndarray] = []
+    specs: list[ClassSpec] = []
+    pos_top, codes_top = pos_K, codes_K
+    if bounds:
+        assert mask is not None
+        cls_K = np.searchsorted(np.asarray(bounds, mag_K.dtype), mag_K, side="right")
+        for c, flags in enumerate(_class_flags(base, mask, bounds, pos_K, workers)):
+            codes_C = np.take(codes_K, np.flatnonzero(cls_K == c))
+            specs.append(_encode_class(flags, None, codes_C, parts))
+        top = np.flatnonzero(cls_K == len(bounds))
+        pos_top, codes_top = np.take(pos_K, top), np.take(codes_K, top)
+    specs.append(_encode_class(None, (pos_top, n), codes_top, parts))
+    fields = {
+        "count": count,
+        "bounds": bounds,
+        "classes": [s.to_json(i == len(bounds)) for i, s in enumerate(specs)],
+        "raw_nbytes": sum(p.nbytes for p in parts),
+    }
+    return fields, compress_parts(parts, level, literals=True)
+
+
+def _magnitudes_for_bounds(
+    base: np.ndarray | torch.Tensor, pos_K: np.ndarray, mask: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(|bits| of the strided sample, |bits| of the changed elements) as host unsigned arrays."""
+    n = base.size if isinstance(base, np.ndarray) else base.numel()
+    stride = sample_stride(n)
+    if isinstance(base, np.ndarray):
+        return magnitudes(np.ascontiguousarray(base[::stride]), mask), magnitudes(np.take(base, pos_K), mask)
+    unsigned = UINT[base.element_size()]
+    sample = (base[::stride] & mask).cpu().numpy().view(unsigned)
+    changed = (base[torch.from_numpy(pos_K).to(base.device)] & mask).cpu().numpy().view(unsigned)
+    return sample, changed
+
+
+def _class_flags(
+    base: np.ndarray | torch.Tensor, mask: int, bounds: list[int], pos_K: np.ndarray, workers: int
+) -> list[np.ndarray]:
+    """Changed flags of every class below the top, members in position order."""
+    if not isinstance(base, np.ndarray):
+        return class_flags_torch(base, mask, bounds, pos_K)
+    changed_N = np.zeros(base.size, np.bool_)
+    changed_N[pos_K] = True
+    flags = [m.changed for m in members(base, mask, bounds, changed_N, workers)]
+    assert all(f is not None for f in flags)
+    return flags  # type: ignore[return-value]
+
+
+def _encode_class(
+    flags_M: np.ndarray | None, flat: tuple[np.ndarray, int] | None, codes_C: np.ndarray, parts: list[np.ndarray]
+) -> ClassSpec:
+    """Append one class's parts. A class below the top comes as changed flags per member (`flags_M`), the top
+    class as (sorted flat positions, element count) (`flat`); `codes_C` are the changes' value codes."""
+    if flags_M is not None:
+        members = int(flags_M.size)
+        count = int(codes_C.size)
+    else:
+        assert flat is not None
+        members, count = flat[1], int(flat[0].size)
+    if count == 0:
+        return ClassSpec(0, members, "gaps", None, "int", None)
+    gap_spec = value_spec = None
+    if count >= BITMAP_RATE * members:
+        if flags_M is None:
+            assert flat is not None
+            flags_M = np.zeros(members, np.bool_)
+            flags_M[flat[0]] = True
+        parts.append(np.packbits(flags_M, bitorder="little"))
+        pos_mode = "bitmap"
+    else:
+        ranks_C = np.flatnonzero(flags_M) if flags_M is not None else flat[0]  # type: ignore[index]
+        gaps_C = np.diff(ranks_C, prepend=-1)
+        gaps_C -= 1
+        gap_spec, gap_parts = encode_uints(gaps_C.astype(uint_for(members)))
+        parts.extend(gap_parts)
+        pos_mode = "gaps"
+    if int(codes_C.max()) <= 1:
+        parts.append(np.packbits(codes_C.astype(np.bool_), bitorder="little"))
+        val_mode = "bits"
+    else:
+        value_spec, value_parts = encode_uints(codes_C)
+        parts.extend(value_parts)
+        val_mode = "int"
+    return ClassSpec(count, members, pos_mode, gap_spec, val_mode, value_spec)
+
+
+# --- parse
+def _spec(obj: Any, count: int, bits: int) -> StreamSpec:
+    if not isinstance(obj, list) or len(obj) != 3:
+        raise PatchError(f"stream spec must be [k, escapes, escape_width], got {obj!r}")
+    return StreamSpec.from_json(dict(zip(("k", "escapes", "escape_width"), obj, strict=True)), count, bits)
+
+
+def parse_segment(obj: dict[str, Any], numel: int, dtype: torch.dtype, raw_nbytes: int, what: str) -> SegmentCode:
+    """Validate a segment's class fields (types, ranges, sizes); PatchError on anything off."""
+    count = get_int(obj, "count", 0, numel)
+    bounds, classes_json = obj.get("bounds"), obj.get("classes")
+    if not isinstance(bounds, list) or not isinstance(classes_json, list):
+        raise PatchError(f"{what}: 'bounds' and 'classes' must be lists")
+    if count == 0:
+        if bounds or classes_json or raw_nbytes:
+            raise PatchError(f"{what}: no changes but classes or payload")
+        return SegmentCode(numel, dtype, 0, [], [], 0)
+    mask = magnitude_mask(dtype)
+    if bounds and (mask is None or numel < MIN_CLASS_NUMEL):
+        raise PatchError(f"{what}: magnitude classes are not used for this segment")
+    if len(bounds) >= MAX_CLASSES or len(classes_json) != len(bounds) + 1:
+        raise PatchError(f"{what}: {len(bounds)} bounds and {len(classes_json)} classes")
+    prev = 0
+    for b in bounds:
+        if type(b) is not int or not prev < b <= (mask or 0):
+            raise PatchError(f"{what}: class bounds must increase within (0, {mask}]: {bounds}")
+        prev = b
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    classes = []
+    for c, cobj in enumerate(classes_json):
+        if not isinstance(cobj, dict):
+            raise PatchError(f"{what}: class {c} is not an object")
+        top = c == len(bounds)
+        n_members = numel if top else get_int(cobj, "m", 0, numel)
+        classes.append(_parse_class(cobj, n_members, itemsize, what))
+    if sum(s.count for s in classes) != count:
+        raise PatchError(f"{what}: class counts do not add up to {count}")
+    if sum(s.members for s in classes[:-1]) > numel:
+        raise PatchError(f"{what}: classes hold more members than the segment has elements")
+    raw = sum(sum(s.position_sizes()) + sum(s.value_sizes()) for s in classes)
+    if raw != raw_nbytes:
+        raise PatchError(f"{what}: raw_nbytes {raw_nbytes} but its streams need {raw}")
+    return SegmentCode(numel, dtype, count, list(bounds), classes, raw_nbytes)
+
+
+def _parse_class(obj: dict[str, Any], n_members: int, itemsize: int, what: str) -> ClassSpec:
+    count = get_int(obj, "n", 0, n_members)
+    if count == 0:
+        return ClassSpec(0, n_members, "gaps", None, "int", None)
+    pos_mode, val_mode = obj.get("p"), obj.get("v")
+    if pos_mode not in POSITION_MODES or val_mode not in VALUE_MODES:
+        raise PatchError(f"{what}: unknown class modes {pos_mode!r} / {val_mode!r}")
+    gaps = _spec(obj.get("g"), count, 64 if n_members >= 2**32 else 32) if pos_mode == "gaps" else None
+    values = _spec(obj.get("x"), count, itemsize * 8) if val_mode == "int" else None
+    return ClassSpec(count, n_members, pos_mode, gaps, val_mode, values)
+
+
+# --- decode
+def _unpack_flags(buf_U: np.ndarray, n: int, what: str) -> np.ndarray:
+    flags = np.unpackbits(buf_U, bitorder="little")
+    if flags[n:].any():
+        raise PatchError(f"{what}: non-zero padding after a bit field")
+    return flags[:n]
+
+
+def _ranks(spec: ClassSpec, buf_U: np.ndarray, what: str) -> np.ndarray:
+    """Sorted member ranks (flat positions for the top class) of one class's changes, all < spec.members."""
+    if spec.pos_mode == "bitmap":
+        ranks = np.flatnonzero(_unpack_flags(buf_U, spec.members, what))
+        if ranks.size != spec.count:
+            raise PatchError(f"{what}: class bitmap has {ranks.size} changes, header says {spec.count}")
+        return ranks
+    assert spec.gaps is not None
+    gaps = decode_uints(buf_U, spec.count, spec.gaps, uint_for(spec.members))
+    return decode_positions(gaps, spec.members, what)
+
+
+def decode_segment(
+    code: SegmentCode, frame: memoryview, base_U: np.ndarray, what: str, workers: int = 1
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """A segment's changes given its base bits: one (sorted positions int64, wrapped differences) run per class
+    that changed; runs are disjoint."""
+    value_dtype = UINT[base_U.itemsize]
+    if code.count == 0:
+        decompress_exact(frame, 0, what)
+        return []
+    raw_U = decompress_exact(frame, code.raw_nbytes, what)
+    mask = magnitude_mask(code.dtype)
+    member_lists = members(base_U, mask, code.bounds, None, workers) if code.bounds and mask is not None else []
+    runs = []
+    cursor = 0
+    for c, spec in enumerate(code.classes):
+        top = c == len(code.bounds)
+        if not top and member_lists[c].size != spec.members:
+            raise PatchError(f"{what}: class {c} has {member_lists[c].size} members, header says {spec.members}")
+        if spec.count == 0:
+            continue
+        size = sum(spec.position_sizes())
+        ranks = _ranks(spec, raw_U[cursor : cursor + size], what)
+        cursor += size
+        size = sum(spec.value_sizes())
+        if spec.val_mode == "bits":
+            codes_C = _unpack_flags(raw_U[cursor : cursor + size], spec.count, what).astype(value_dtype)
+        else:
+            assert spec.values is not None
+            codes_C = decode_uints(raw_U[cursor : cursor + size], spec.count, spec.values, value_dtype)
+            if (codes_C == np.iinfo(value_dtype).max).any():
+                raise PatchError(f"{what}: a value code decodes to a zero change")
+        cursor += size
+        if top:
+            if code.bounds and (magnitudes(np.take(base_U, ranks), mask) < base_U.dtype.type(code.bounds[-1])).any():
+                raise PatchError(f"{what}: a top-class position is not in the top class")
+            positions = ranks
+        else:
+            positions = member_lists[c].at(ranks)
+        runs.append((positions, unzigzag_plus_one(codes_C)))
+    return runs

@@ -1,0 +1,225 @@
+"""PULSE v2 patches (container format version 2): segments of tensors, each coded by magnitude class.
+
+Header (JSON, as v1 apart from the tensor list): `tensors` lists every tensor's `name`, `dtype`, `shape` and
+`count` (changed elements), names sorted and unique; `segments` cover the tensors in that order, each with
+`size` (how many consecutive tensors, all of one dtype), `offset` / `nbytes` / `raw_nbytes` (its zstd frame,
+contiguous in the payload) and the class fields of `ctxcode.py` (`count`, `bounds`, `classes`). A segment's
+positions index the concatenation of its tensors' elements.
+
+Why segments: a class costs ~40 bytes of header and Huffman tables, and per-tensor work costs Python overhead;
+models have many small tensors (norms, small projections) whose changes follow the same magnitude law (Adam
+moves every weight by ~lr), so the encoder groups consecutive tensors of the same dtype until a group holds
+SEGMENT_MIN elements; a tensor that size or larger is a segment of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from heterorl.weights import ctxcode, hashing
+from heterorl.weights.classes import PARALLEL_MIN
+from heterorl.weights.format import DTYPES, PatchError, TensorMeta, dtype_name, get_int, get_str, parallel_map
+
+SEGMENT_MIN = 1 << 21  # elements: tensors this large are coded alone, smaller ones grouped up to this size
+
+Layout = tuple[str, torch.dtype, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A parsed segment: which tensors (indices into the tensor list), its payload slice and class layout."""
+
+    first: int
+    size: int
+    offset: int
+    nbytes: int
+    code: ctxcode.SegmentCode
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A decoded, not yet applied segment: per-tensor digests before / after, and how to write it."""
+
+    base_digests: list[bytes]
+    result_digests: list[bytes]
+    commit: Callable[[], None]
+
+
+def group(layouts: Sequence[Layout]) -> list[list[int]]:
+    """Tensor indices per segment: consecutive tensors of one dtype up to SEGMENT_MIN elements together."""
+    groups: list[list[int]] = []
+    current: list[int] = []
+    held = 0
+    for i, (_, dtype, shape) in enumerate(layouts):
+        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if current and (dtype != layouts[current[0]][1] or held >= SEGMENT_MIN or n >= SEGMENT_MIN):
+            groups.append(current)
+            current, held = [], 0
+        current.append(i)
+        held += n
+    if current:
+        groups.append(current)
+    return groups
+
+
+def encode(
+    layouts: Sequence[Layout],
+    base_bits: Sequence[np.ndarray | torch.Tensor],
+    changes: Sequence[tuple[np.ndarray, np.ndarray]],
+    level: int,
+    workers: int,
+) -> tuple[dict[str, Any], list[bytes]]:
+    """Header fields (`tensors`, `segments`) and payload frames of a v2 patch from each tensor's base bits (host
+    arrays, or flat integer views on the weights' device) and (sorted positions, wrapped differences)."""
+
+    def one(indices: list[int], threads: int) -> tuple[dict[str, Any], bytes]:
+        if len(indices) == 1:
+            i = indices[0]
+            return ctxcode.encode_segment(base_bits[i], *changes[i], layouts[i][1], level, threads)
+        parts = [base_bits[i] for i in indices]
+        offsets = np.cumsum([0] + [p.size if isinstance(p, np.ndarray) else p.numel() for p in parts])
+        base_U = np.concatenate(parts) if isinstance(parts[0], np.ndarray) else torch.cat(parts)  # type: ignore[arg-type]
+        pos_K = np.concatenate([changes[i][0] + offsets[j] for j, i in enumerate(indices)])
+        delta_K = np.concatenate([changes[i][1] for i in indices])
+        return ctxcode.encode_segment(base_U, pos_K, delta_K, layouts[indices[0]][1], level)
+
+    groups = group(layouts)
+    big = [len(g) == 1 and _numel(base_bits[g[0]]) >= PARALLEL_MIN for g in groups]
+    coded = _split_by_size(groups, big, one, workers)
+    tensors = [
+        {"name": name, "dtype": dtype_name(dtype), "shape": list(shape), "count": int(changes[i][0].size)}
+        for i, (name, dtype, shape) in enumerate(layouts)
+    ]
+    segments, frames, offset = [], [], 0
+    for indices, (fields, frame) in zip(groups, coded, strict=True):
+        segments.append({"size": len(indices), "offset": offset, "nbytes": len(frame), **fields})
+        frames.append(frame)
+        offset += len(frame)
+    return {"tensors": tensors, "segments": segments}, frames
+
+
+def _numel(bits: np.ndarray | torch.Tensor) -> int:
+    return bits.size if isinstance(bits, np.ndarray) else bits.numel()
+
+
+def parse(header: dict[str, Any], payload_len: int) -> tuple[list[TensorMeta], list[int], list[Segment]]:
+    """Validate the tensor list and the segments; returns tensor layouts, per-tensor counts and segments."""
+    entries = header.get("tensors")
+    seg_json = header.get("segments")
+    if not isinstance(entries, list) or not isinstance(seg_json, list):
+        raise PatchError("header fields 'tensors' and 'segments' must be lists")
+    metas, counts = [], []
+    prev = None
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise PatchError("each entry of 'tensors' must be an object")
+        name = get_str(entry, "name")
+        if prev is not None and name <= prev:
+            raise PatchError(f"tensor names must be unique and sorted; {name!r} follows {prev!r}")
+        prev = name
+        dname = get_str(entry, "dtype")
+        shape = entry.get("shape")
+        if dname not in DTYPES:
+            raise PatchError(f"tensor {name!r}: unknown dtype {dname!r}")
+        if not isinstance(shape, list) or len(shape) > 64 or any(type(d) is not int or d < 0 for d in shape):
+            raise PatchError(f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r}")
+        meta = TensorMeta(name, DTYPES[dname], tuple(shape), 0, 0, 0)
+        if meta.numel > 2**62:
+            raise PatchError(f"tensor {name!r}: shape {shape} is absurdly large")
+        metas.append(meta)
+        counts.append(get_int(entry, "count", 0, meta.numel))
+    segments, first, cursor = [], 0, 0
+    for obj in seg_json:
+        if not isinstance(obj, dict):
+            raise PatchError("each entry of 'segments' must be an object")
+        size = get_int(obj, "size", 1, len(metas) - first)
+        offset, nbytes = get_int(obj, "offset"), get_int(obj, "nbytes")
+        if offset != cursor or offset + nbytes > payload_len:
+            raise PatchError(f"segment at tensor {first}: payload slice [{offset}, {offset + nbytes}) is misplaced")
+        cursor = offset + nbytes
+        members = metas[first : first + size]
+        if any(m.dtype != members[0].dtype for m in members):
+            raise PatchError(f"segment at tensor {first} mixes dtypes")
+        numel = sum(m.numel for m in members)
+        what = f"segment of {members[0].name!r}" + (f" (+{size - 1} tensors)" if size > 1 else "")
+        raw = get_int(obj, "raw_nbytes")
+        code = ctxcode.parse_segment(obj, numel, members[0].dtype, raw, what)
+        if code.count != sum(counts[first : first + size]):
+            raise PatchError(f"{what}: {code.count} changes but its tensors list {sum(counts[first : first + size])}")
+        segments.append(Segment(first, size, offset, nbytes, code))
+        first += size
+    if first != len(metas) or cursor != payload_len:
+        raise PatchError(f"segments cover {first} of {len(metas)} tensors and {cursor} of {payload_len} bytes")
+    return metas, counts, segments
+
+
+def _split_by_size(items: Sequence, big: Sequence[bool], fn: Callable, workers: int) -> list:
+    """[fn(item, w)] in order: big items one at a time with w = workers (they thread inside), the rest spread
+    over `workers` threads with w = 1."""
+    out: list = [None] * len(items)
+    small = [i for i, b in enumerate(big) if not b]
+    for i, b in enumerate(big):
+        if b:
+            out[i] = fn(items[i], workers)
+    for i, result in zip(small, parallel_map(lambda i: fn(items[i], 1), small, workers), strict=True):
+        out[i] = result
+    return out
+
+
+def prepare(
+    segments: Sequence[Segment],
+    counts: Sequence[int],
+    views: Sequence[np.ndarray],
+    payload: memoryview,
+    workers: int,
+) -> list[Prepared]:
+    """Decode every segment against the receiver's bits (`views`, one per tensor) without writing them."""
+
+    def one(seg: Segment, threads: int) -> Prepared:
+        frame = payload[seg.offset : seg.offset + seg.nbytes]
+        what = f"segment at tensor {seg.first}"
+        parts = views[seg.first : seg.first + seg.size]
+        if seg.size == 1:
+            return _prepare_tensor(seg, frame, parts[0], what, threads)
+        result_U = np.concatenate(parts)  # a copy: decoded against, then patched in place
+        offsets = np.cumsum([0] + [p.size for p in parts])
+        per_tensor = np.zeros(seg.size, np.int64)
+        for pos, delta in ctxcode.decode_segment(seg.code, frame, result_U, what):
+            per_tensor += np.diff(np.searchsorted(pos, offsets))  # a run's positions are sorted
+            result_U[pos] += delta
+        if per_tensor.tolist() != list(counts[seg.first : seg.first + seg.size]):
+            raise PatchError(f"{what}: changes per tensor {per_tensor.tolist()} differ from the tensor list")
+        slices = [result_U[offsets[j] : offsets[j + 1]] for j in range(seg.size)]
+
+        def copy_back() -> None:
+            for view, part in zip(parts, slices, strict=True):
+                np.copyto(view, part)
+
+        return Prepared([hashing.bits_digest(p) for p in parts], [hashing.bits_digest(s) for s in slices], copy_back)
+
+    big = [seg.size == 1 and seg.code.numel >= PARALLEL_MIN for seg in segments]
+    return _split_by_size(segments, big, one, workers)
+
+
+def _prepare_tensor(seg: Segment, frame: memoryview, base_U: np.ndarray, what: str, threads: int) -> Prepared:
+    """A one-tensor segment: decode (class enumeration in `threads` ranges, the base hashed meanwhile in
+    another thread), then the result digest on scratch chunks."""
+    with ThreadPoolExecutor(1) as pool:
+        base_digest = pool.submit(hashing.bits_digest, base_U) if threads > 1 else None
+        decoded = ctxcode.decode_segment(seg.code, frame, base_U, what, threads)
+        runs = [(pos, np.add(np.take(base_U, pos), delta)) for pos, delta in decoded]
+        before, after = hashing.patched_digests(base_U, runs, base_digest=base_digest and base_digest.result())
+
+    def write_run(run: tuple[np.ndarray, np.ndarray]) -> None:
+        base_U[run[0]] = run[1]
+
+    def write() -> None:
+        parallel_map(write_run, runs, threads)
+
+    return Prepared([before], [after], write)
