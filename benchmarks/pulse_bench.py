@@ -34,9 +34,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
+from heterorl.bench.pulse import measure  # noqa: E402
+from heterorl.bench.steps import step_pair  # noqa: E402
 from heterorl.weights import entropy  # noqa: E402
-from heterorl.weights.bench import measure  # noqa: E402
-from heterorl.weights.steps import step_pair  # noqa: E402
 
 BASELINE = "d6dff4c"  # main before the PULSE v2 work (today's codec)
 
@@ -96,7 +96,7 @@ def section_realistic(quick: bool, workers: list[int], contexts: bool, kinds: li
 _BASELINE_SCRIPT = """
 import json, os, sys, time
 from heterorl.weights import encode_patch, apply_patch
-from heterorl.weights.bench import synthetic_step
+from heterorl.bench.pulse import synthetic_step
 kind, workers = sys.argv[1], int(sys.argv[2])
 rate = None if kind == "lr" else 0.03
 base, new = synthetic_step(int(sys.argv[3]), rate, 1e-6, 0)

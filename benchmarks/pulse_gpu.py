@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from heterorl.bench.steps import step_pair
 from heterorl.weights import WeightStore, apply_patch, make_codec, state_hash
 from heterorl.weights.patch import encode_patches
-from heterorl.weights.steps import step_pair
 
 
 def best(fn, repeats: int = 3, sync: bool = False) -> float:

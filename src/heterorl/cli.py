@@ -409,8 +409,8 @@ def sync_bench(
     decode GB/s, all measured in this invocation."""
     import json
 
-    from heterorl.weights.bench import compare_checkpoints, run_sync_bench
-    from heterorl.weights.steps import STEPS
+    from heterorl.bench.pulse import compare_checkpoints, run_sync_bench
+    from heterorl.bench.steps import STEPS
 
     if (base is None) != (new is None):
         raise typer.BadParameter("--base and --new go together")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from heterorl.weights.bench import compare_checkpoints, main, reference_layout_nbytes, synthetic_shapes, synthetic_step
+from heterorl.bench.pulse import compare_checkpoints, main, reference_layout_nbytes, synthetic_shapes, synthetic_step
 
 
 def test_synthetic_shapes_hit_the_requested_size():

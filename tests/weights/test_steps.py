@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from heterorl.bench.steps import noise_step, num_params, procedural_tokens, qwen3_versions, step_pair
 from heterorl.weights.format import bits_view
-from heterorl.weights.steps import noise_step, num_params, procedural_tokens, qwen3_versions, step_pair
 
 from ._helpers import bits_equal
 

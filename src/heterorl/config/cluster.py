@@ -49,7 +49,11 @@ class ClusterConfig(Strict):
 class WeightsConfig(Strict):
     """How weights travel from the learner to samplers."""
 
-    codec: Literal["full", "pulse"] = Field("pulse", description="full state dicts or PULSE sparse patches.")
+    codec: Literal["full", "pulse", "pulse-ctx"] = Field(
+        "pulse",
+        description="full state dicts, PULSE sparse patches, or PULSE patches coded per magnitude class of the "
+        "base weights the receiver holds (format 2: ~27% smaller; docs/weight-sync.md).",
+    )
     wire_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Samplers' weight dtype.")
     snapshot_every: int = Field(10, ge=1, description="Publish a full snapshot every K versions.")
     max_chain: int = Field(16, ge=1, description="Longest patch chain served before a snapshot is preferred.")

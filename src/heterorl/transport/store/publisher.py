@@ -38,7 +38,7 @@ from heterorl.transport.store.manifest import (
     object_key,
 )
 from heterorl.transport.store.objects import ObjectMissing, ObjectStore, StoreSetupError, StoreUnavailable
-from heterorl.weights import Published, WeightStore
+from heterorl.weights import Published, PulseCodec, WeightStore, merge_patches
 
 
 @dataclass
@@ -251,12 +251,12 @@ class StorePublisher:
             return []
         seg.merged[i] = (parts.base, parts.patch)
         k = lowbit(i)
-        if k == 1 or not self.cfg.merged_patches:
-            return []
+        if k == 1 or not self.cfg.merged_patches or not isinstance(self.weights.codec, PulseCodec):
+            return []  # format-2 patches (pulse-ctx) merge only against the newest weights: chains of single patches
         pieces = [seg.merged.get(i - j) for j in _powers_below(k)] + [(parts.base, parts.patch)]
         if any(p is None for p in pieces):
             return []
-        merged = self.weights.codec.merge([p[1] for p in pieces if p is not None])
+        merged = merge_patches([p[1] for p in pieces if p is not None], level=self.weights.codec.level)
         seg.merged[i] = (parts.version - k, merged)
         return [self._ref("patch", parts.version - k, parts.version, merged)]
 

@@ -18,7 +18,7 @@ Reported, all measured in the same run, for "pulse" (format v1, today's codec) a
   state (best of `repeats` calls), the first call in a fresh process is reported too (it pays for page faults);
   a plain copy's GB/s and the load average before and after, to judge a shared machine's figures.
 
-CLI: `python -m heterorl.weights.bench --params 1e9 --lr 1e-6`, `--step qwen3 --lr 1e-5`, or
+CLI: `python -m heterorl.bench.pulse --params 1e9 --lr 1e-6`, `--step qwen3 --lr 1e-5`, or
 `--base A.safetensors --new B.safetensors`.
 """
 
@@ -37,12 +37,12 @@ import numpy as np
 import torch
 import zstandard as zstd
 
+from heterorl.bench.steps import STEPS, step_pair, synthetic_shapes, synthetic_step  # noqa: F401  (re-exported)
 from heterorl.weights import entropy
 from heterorl.weights.format import StateDict, bits_view
 from heterorl.weights.hashing import state_hash
 from heterorl.weights.patch import apply_patch, encode_patch, patch_info
 from heterorl.weights.snapshot import encode_snapshot, load_snapshot
-from heterorl.weights.steps import STEPS, step_pair, synthetic_shapes, synthetic_step  # noqa: F401  (re-exported)
 
 
 # --- baselines

@@ -206,17 +206,17 @@ def qwen3_versions(
 def demo_versions(steps: int = 6, *, seed: int = 0, refresh: bool = False) -> Versions:
     """bf16 views of the demo's learner (configs/demo.yaml: GEPO, lr 1e-4) before and after `steps` RL steps."""
     from heterorl.config import load_config
-    from heterorl.run import make_learner, make_sampler, resolve_base_model
+    from heterorl.loop.build import build_learner, build_sampler, resolve_base_model
 
-    config_path = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"
+    config_path = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"  # src/heterorl/bench -> repo
     cfg = load_config(config_path if config_path.is_file() else None, [f"seed={seed}"])
     base, _ = resolve_base_model(cfg, show_progress=False)
     key = {"source": "demo", "steps": steps, "seed": seed, "base": Path(base).name, "lr": cfg.learner.lr, "format": 1}
 
     def build() -> Versions:
         torch.manual_seed(seed)
-        learner = make_learner(cfg, base)
-        sampler = make_sampler(cfg, base, 0)
+        learner = build_learner(cfg, base)
+        sampler = build_sampler(cfg, 0, base)
         versions = [learner.export_weights()]
         for _ in range(steps):
             sampler.load_weights(learner.version, versions[-1])
