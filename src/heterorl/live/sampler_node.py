@@ -125,7 +125,7 @@ class LiveSampler:
         failed_before = self.worker.failed
         try:
             update = decode_update(payload)
-        except EnvelopeError as err:
+        except EnvelopeError as err:  # the only error decode_update raises, whatever the bytes
             self.worker.refused(f"envelope: {err}")
             self.events.emit("weights", ok=False, error=f"envelope: {err}"[:300], bytes=len(payload))
             return False
