@@ -18,6 +18,10 @@ busy (503, the queue is full: the sampler retries later), finished (410), or a r
 | prompt_mismatch | 422 | prompt ids other than the learner's tokenization of the prompt (tokenizer, chat template) |
 | bad_rewards | 422 | a non-finite reward |
 | invalid | 422 | any other content check (empty prompt, over-long group id) |
+| bad_http | 400 | not an HTTP request the server can parse (request line, headers, Content-Length, chunking) |
+| timeout | 408 | a request head or body not received in time (`live.header_timeout_s`, `live.body_timeout_s`) |
+| too_many_connections | 503 | a connection beyond `live.max_connections` (refused at once) |
+| internal_error | 500 | a bug in a handler of the learner (counted, logged in one line: no traceback per request) |
 
 The digest header is optional (a hand-made request may omit it); samplers always send it.
 A group is acknowledged only after it is in the journal (durable) and in the buffer (in memory), both under
@@ -51,6 +55,10 @@ REJECTION_STATUS = {
     "prompt_mismatch": 422,
     "bad_rewards": 422,
     "invalid": 422,
+    "bad_http": 400,
+    "timeout": 408,
+    "too_many_connections": 503,
+    "internal_error": 500,
 }
 MAX_GROUP_ID_CHARS = 200
 ACKED = ("accepted", "duplicate")  # outcomes after which the group is the learner's

@@ -17,7 +17,9 @@
 
 The service speaks plain HTTP; put it behind a TLS-terminating reverse proxy off a trusted network
 (docs/deployment.md). CPU work (update merging, group decoding, journaling) runs in worker threads so the
-event loop keeps answering while the training thread computes.
+event loop keeps answering while the training thread computes. The HTTP layer's own limits (connections,
+header and idle timeouts, counted parse errors) are in `guard.py`; a rollout body must arrive within
+`live.body_timeout_s` (else 408 `timeout`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from aiohttp import web
 from heterorl.config import RunConfig
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.transport.http.auth import bearer_matches
+from heterorl.transport.http.guard import Guard, GuardedRunner
 from heterorl.weights.envelope import encode_update
 
 
@@ -206,9 +209,11 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
         if request.content_length is not None and request.content_length > max_body:
             return _refuse(live, "too_large", f"{request.content_length} bytes > {max_body}")
         try:
-            body = await request.read()
+            body = await asyncio.wait_for(request.read(), live.cfg.live.body_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             return _refuse(live, "too_large", f"body over {max_body} bytes")
+        except asyncio.TimeoutError:
+            return _refuse(live, "timeout", f"body not received within {live.cfg.live.body_timeout_s:g} s")
         if len(body) > max_body:  # belt and braces: never trust one limit alone
             return _refuse(live, "too_large", f"{len(body)} bytes > {max_body}")
         sampler = request.query.get("sampler")
@@ -249,9 +254,20 @@ async def _linger(live: LearnerEndpoint) -> None:
         await asyncio.sleep(0.05)
 
 
+def make_runner(live: LearnerEndpoint, token: str) -> GuardedRunner:
+    """The application behind the HTTP layer's guard (`guard.py`), counting its refusals like the routes do."""
+    cfg = live.cfg.live
+
+    def count(reason: str, detail: str) -> None:
+        live.loop.intake.reject(reason, detail)
+
+    guard = Guard(cfg.max_connections, cfg.header_timeout_s, count=count, log=live.events.emit)
+    return GuardedRunner(build_app(live, token), guard, access_log=None, handle_signals=False)
+
+
 async def serve_app(live: LearnerEndpoint, token: str, host: str, port: int, address_file: Path) -> None:
     """Serve until the training loop returns (done or stopped by SIGTERM/SIGINT); the URL goes to `address_file`."""
-    runner = web.AppRunner(build_app(live, token), access_log=None, handle_signals=False)
+    runner = make_runner(live, token)
     await runner.setup()
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
