@@ -56,6 +56,7 @@ async def status_of(addr: tuple[str, int]) -> dict:
 def make(tmp_path: Path, tiny_model_dir: Path, *overrides: str) -> tuple[LiveLearner, io.StringIO]:
     log = io.StringIO()
     live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *overrides, events=EventLog(log))
+    live.loop.publisher.result()  # version 0 is served (else POSTs get 503 not_ready)
     return live, log
 
 
@@ -174,7 +175,7 @@ def test_a_handler_bug_is_a_counted_500_in_one_log_line(tmp_path: Path, tiny_mod
     async def scenario() -> tuple[int, dict, dict]:
         async with served(live) as addr:
             request = f"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-            code, body = await exchange(addr, request.encode() + b"Content-Length: 3\r\n\r\nabc")
+            code, body = await exchange(addr, request.encode() + b"Content-Length: 3\r\nConnection: close\r\n\r\nabc")
             return code, body, await status_of(addr)
 
     code, body, status = asyncio.run(scenario())

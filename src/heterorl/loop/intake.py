@@ -21,6 +21,7 @@ busy (503, the queue is full: the sampler retries later), finished (410), or a r
 | bad_http | 400 | not an HTTP request the server can parse (request line, headers, Content-Length, chunking) |
 | timeout | 408 | a request head or body not received in time (`live.header_timeout_s`, `live.body_timeout_s`) |
 | too_many_connections | 503 | a connection beyond `live.max_connections` (refused at once) |
+| id_conflict | 409 | a group id already used by a group with other content (a retried POST sends the same bytes) |
 | internal_error | 500 | a bug in a handler of the learner (counted, logged in one line: no traceback per request) |
 
 The digest header is optional (a hand-made request may omit it); samplers always send it.
@@ -30,6 +31,7 @@ one lock shared with the training thread, so an acknowledged group is never lost
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -37,6 +39,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from heterorl.frictions import KINDS as FRICTION_KINDS
 from heterorl.loop.journal import Journal
 from heterorl.loop.staleness import RolloutBuffer
 from heterorl.rollout import RolloutGroup
@@ -58,9 +61,11 @@ REJECTION_STATUS = {
     "bad_http": 400,
     "timeout": 408,
     "too_many_connections": 503,
+    "id_conflict": 409,
     "internal_error": 500,
 }
 MAX_GROUP_ID_CHARS = 200
+KNOWN_INFO = frozenset(FRICTION_KINDS)  # what samplers count in `RolloutGroup.info` (bounded counters)
 ACKED = ("accepted", "duplicate")  # outcomes after which the group is the learner's
 RETRIED = ("busy", "finished")  # outcomes after which the group may still arrive (or the run is over)
 
@@ -123,21 +128,13 @@ class Intake:
         self.base_limits = base_limits  # everything but the current version
         self.cond = threading.Condition()  # guards everything below; the training thread waits on it
         self.counters = IntakeCounters()
-        self.consumed: set[str] = set()  # trained or dropped by the staleness window
+        self.consumed: dict[str, str] = {}  # id -> body digest of groups trained or dropped by the window
         self.payloads: dict[str, bytes] = {}  # queued group id -> its message (checkpointed as is)
         self.finished = False
         self.closed = False
 
     def limits(self, current_version: int) -> GroupLimits:
-        b = self.base_limits
-        return GroupLimits(
-            b.vocab_size,
-            current_version,
-            b.group_size,
-            b.max_prompt_tokens,
-            b.max_completion_tokens,
-            b.max_total_tokens,
-        )
+        return dataclasses.replace(self.base_limits, current_version=current_version)
 
     # ---------------------------------------------------------------- network side
     def reject(self, reason: str, detail: str = "") -> Verdict:
@@ -155,15 +152,24 @@ class Intake:
             group = decode_group(body, self.limits(current_version))
         except RolloutError as err:
             return self.reject(rejection_reason(err), str(err))
-        if len(group.group_id) > MAX_GROUP_ID_CHARS:
-            return self.reject("invalid", f"group id longer than {MAX_GROUP_ID_CHARS} characters")
+        if not 0 < len(group.group_id) <= MAX_GROUP_ID_CHARS or len(group.sampler_id) > MAX_GROUP_ID_CHARS:
+            return self.reject("invalid", f"group and sampler ids must have 1 to {MAX_GROUP_ID_CHARS} characters")
+        if not set(group.info) <= KNOWN_INFO:
+            return self.reject("invalid", f"info keys {sorted(set(group.info) - KNOWN_INFO)[:4]} are not counts")
         if self.prompt_ids is not None and self.prompt_ids(group.prompt) != group.prompt_ids_P.tolist():
             return self.reject("prompt_mismatch", "prompt ids differ from the learner's tokenization of the prompt")
         gid = group.group_id
         with self.cond:
             if self.finished:
                 return Verdict(410, "finished", gid, "the run is finished")
-            if gid in self.consumed or gid in self.payloads:
+            if gid in self.payloads or gid in self.consumed:
+                if gid in self.payloads:
+                    same = self.payloads[gid] == body
+                else:  # "" : consumed under a state written before digests were kept
+                    same = self.consumed[gid] in ("", digest or body_digest(body))
+                if not same:
+                    self.counters.rejected["id_conflict"] += 1
+                    return Verdict(409, "id_conflict", gid, "this group id was acknowledged with other content")
                 self.counters.duplicates += 1
                 return Verdict(200, "duplicate", gid)
             if len(self.buffer) >= self.max_queued:
@@ -188,8 +194,7 @@ class Intake:
             taken = self.buffer.take(n, learner_version)
             left = {g.group_id for g in self.buffer.groups}
             for gid in before - left:  # trained now, or dropped by the staleness window
-                self.consumed.add(gid)
-                del self.payloads[gid]
+                self.consumed[gid] = body_digest(self.payloads.pop(gid))
         return taken
 
     def close(self) -> None:
@@ -198,8 +203,8 @@ class Intake:
             self.closed = True
             self.cond.notify_all()
 
-    def checkpoint_view(self) -> tuple[list[bytes], list[str], int]:
-        """(queued messages oldest first, consumed ids, first journal segment after them), atomically.
+    def checkpoint_view(self) -> tuple[list[bytes], dict[str, str], int]:
+        """(queued messages oldest first, consumed ids -> digests, first journal segment after them), atomically.
 
         Rotating the journal under the lock splits accepted groups exactly: those in the queue or consumed now
         belong to the checkpoint, later ones to the segments from the returned index on.
@@ -207,9 +212,9 @@ class Intake:
         assert self.journal is not None, "a checkpoint of the queue needs the journal"
         with self.cond:
             queue = [self.payloads[g.group_id] for g in self.buffer.groups]
-            return queue, sorted(self.consumed), self.journal.rotate()
+            return queue, dict(self.consumed), self.journal.rotate()
 
-    def restore(self, consumed: list[str], checkpointed: list[bytes], journaled: list[bytes]) -> int:
+    def restore(self, consumed: dict[str, str], checkpointed: list[bytes], journaled: list[bytes]) -> int:
         """Rebuild the queue after a restart: the checkpoint's queue, then the journal; returns groups queued.
 
         Journaled groups were accepted after the checkpoint, so they are counted as accepted again (the
@@ -218,7 +223,7 @@ class Intake:
         """
         limits = self.limits(2**31 - 1)
         with self.cond:
-            self.consumed = set(consumed)
+            self.consumed = dict(consumed)
             for body, fresh in [(b, False) for b in checkpointed] + [(b, True) for b in journaled]:
                 group = decode_group(body, limits)
                 if group.group_id in self.consumed or group.group_id in self.payloads:

@@ -80,6 +80,9 @@ class LearnerLoop:
             max_prompt_tokens=context - 1,
             max_completion_tokens=cfg.sampler.max_new_tokens,
             max_total_tokens=context,
+            min_logprob=cfg.learner.min_behavior_logprob,
+            min_reward=cfg.learner.min_reward,
+            max_reward=cfg.learner.max_reward,
         )
         eta = cfg.cluster.eta if cfg.cluster.mode == "async" else None
         window = staleness_window(cfg.cluster.max_staleness, eta)
@@ -225,8 +228,10 @@ class LearnerLoop:
         """Write the learner state atomically under `root`, then drop the journal segments it covers."""
         queue, consumed, segment = self.intake.checkpoint_view()
         buffer = self.intake.buffer
+        ids = sorted(consumed)
         extra = {
-            "consumed_ids": consumed,
+            "consumed_ids": ids,
+            "consumed_digests": [consumed[i] for i in ids],
             "journal_segment": segment,
             "metrics_bytes": self.recorder.metrics.path.stat().st_size,
             "rewards": self.recorder.rewards,
@@ -254,7 +259,9 @@ class LearnerLoop:
         assert journal is not None, "resuming needs the journal"
         journaled = list(journal.replay(x["journal_segment"]))
         self.intake.counters = IntakeCounters.from_json(x["counters"])
-        queued = self.intake.restore(x["consumed_ids"], saved.queue, journaled)
+        digests = x.get("consumed_digests") or [""] * len(x["consumed_ids"])  # "": a state written before digests
+        consumed = dict(zip(x["consumed_ids"], digests, strict=True))
+        queued = self.intake.restore(consumed, saved.queue, journaled)
         journal.prune(x["journal_segment"])
         buffer = self.intake.buffer
         buffer.dropped = int(x["dropped"])
