@@ -52,15 +52,17 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 
 @contextmanager
 def _live_errors() -> Iterator[None]:
-    """Live-mode failures a user can act on (setup, token, unreachable learner) print in red and exit 1."""
+    """Failures a user can act on (live setup, token, unreachable learner, a diverged learner) print in red and
+    exit 1."""
     from heterorl.live.launcher import LiveRunError
     from heterorl.live.preflight import LiveSetupError
+    from heterorl.loop.learner_loop import TrainingDivergedError
     from heterorl.transport.http.auth import TokenError
     from heterorl.transport.http.client import AuthError, LearnerUnreachableError
 
     try:
         yield
-    except (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError) as exc:
+    except (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError, TrainingDivergedError) as exc:
         typer.secho(f"{type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
 
@@ -88,7 +90,8 @@ def run(
         with _live_errors():
             summary = run_live(cfg, target, show_progress=not quiet)
     else:
-        summary = execute(cfg, target, show_progress=not quiet)
+        with _live_errors():
+            summary = execute(cfg, target, show_progress=not quiet)
     _print_summary(summary, target)
 
 

@@ -133,6 +133,8 @@ class Learner:
 
         The batch is split into `updates_per_batch` minibatches (one optimizer step each), each minibatch into
         micro-batches under `micro_batch_tokens` whose gradients accumulate exactly (heterorl.microbatch).
+        An optimizer step whose gradient norm is not finite is skipped (`opt/skipped_updates`), whatever caused
+        it: one inf or NaN would otherwise spread to every weight and to every sampler.
         """
         batch = pack_groups(groups, self.policy.pad_id).to(self.policy.device)
         rewards_B, loss_mask_BL, shaping_stats = self._rewards_and_loss_mask(batch)
@@ -143,6 +145,7 @@ class Learner:
                 prox_logp_BL = self._logp(batch)
         aggregation = self.objective.aggregation
         acc = StatsAccumulator()
+        skipped = 0  # optimizer steps whose gradient norm was not finite
         chunks = torch.arange(len(groups)).chunk(self.cfg.updates_per_batch)
         for chunk in chunks:
             rows_B = torch.isin(batch.group_index_B, chunk.to(batch.group_index_B.device)).nonzero().squeeze(-1)
@@ -165,10 +168,13 @@ class Learner:
                 acc.add({f"obj/{k}": v for k, v in out.stats.items()}, weight=share / len(chunks))
             grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.cfg.grad_clip)
             acc.add({"opt/lr": self.scheduler.get_last_lr()[0], "opt/grad_norm": float(grad_norm)}, 1 / len(chunks))
+            if not torch.isfinite(grad_norm):  # never apply inf/NaN: weights and AdamW's moments stay as they are
+                skipped += 1
+                continue
             self.optimizer.step()
             self.scheduler.step()
         self.version += 1
-        stats = {**acc.result(), **shaping_stats}
+        stats = {**acc.result(), **shaping_stats, "opt/skipped_updates": float(skipped)}
         rewards = batch.rewards_B.float()  # the verifier's rewards, before any shaping
         stats.update(
             {

@@ -68,6 +68,12 @@ class LearnerConfig(Strict):
     )
     min_reward: float = Field(-1e4, ge=-1e30, description="Groups with a reward below this are refused (bad_rewards).")
     max_reward: float = Field(1e4, le=1e30, description="Groups with a reward above this are refused (bad_rewards).")
+    max_skipped_steps: int = Field(
+        10,
+        ge=1,
+        le=1_000_000,
+        description="Stop with an error after this many steps in a row with a non-finite gradient (not applied).",
+    )
 
     @model_validator(mode="after")
     def _reward_range(self) -> LearnerConfig:

@@ -29,7 +29,7 @@ from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
 from heterorl.loop.build import build_learner, build_task, configure_torch, resolve_base_model
 from heterorl.loop.journal import Journal, segment_indices
-from heterorl.loop.learner_loop import LearnerLoop, published_stats
+from heterorl.loop.learner_loop import LearnerLoop, TrainingDivergedError, published_stats
 from heterorl.loop.recorder import RunRecorder
 from heterorl.loop.run_dir import new_run_dir, prepare_run_dir
 from heterorl.loop.state import latest_state, restore_learner_state
@@ -71,7 +71,15 @@ class LiveLearner:
                 continue
             began = time.monotonic()
             result = loop.train(taken)
-            loop.commit(result, busy_seconds=time.monotonic() - began)
+            try:
+                loop.commit(result, busy_seconds=time.monotonic() - began)
+            except TrainingDivergedError as err:
+                self.checkpoint()  # the weights are still finite (nothing was applied): resumable once fixed
+                loop.publisher.close()
+                self.events.emit("stopped", version=loop.learner.version, error=str(err))
+                raise
+            if result.stats.get("opt/skipped_updates"):
+                self.events.emit("skipped_step", version=loop.learner.version, groups=len(taken.groups))
             if loop.learner.version % every == 0 and not loop.done:
                 self.checkpoint()
         if loop.done:
@@ -107,6 +115,7 @@ class LiveLearner:
             "samplers": loop.peers.status(window),
             "elapsed_s": round(loop.now(), 3),
             "resumes": loop.resumes,
+            "skipped_steps": loop.skipped_steps,
         }
 
 

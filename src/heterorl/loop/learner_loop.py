@@ -11,6 +11,11 @@ driver calls them back to back on the wall clock. Groups come in through `offer`
 journal, queue: `Intake`), generation budgets through `admit` (AReaL's rule), whatever the transport.
 Publishing runs in a worker thread (`BackgroundPublisher`), so it overlaps the next step; a record describes the
 newest *complete* publication (the previous version's), which keeps records identical under every clock.
+
+A step whose gradient is not finite applies no update (`Learner.train_step`); its groups are consumed, so they
+never come back. It still counts as a step and publishes a version (the same weights), so synchronous samplers
+move on. `learner/skipped_steps` counts such steps; `learner.max_skipped_steps` in a row stop the run with
+`TrainingDivergedError`, since something upstream (a sampler, a reward function) then keeps producing poison.
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ from heterorl.loop.state import SavedState, save_learner_state
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits
 from heterorl.weights import Published
+
+
+class TrainingDivergedError(RuntimeError):
+    """Too many learner steps in a row had a non-finite gradient: stop rather than publish nothing forever."""
 
 
 @dataclass
@@ -93,6 +102,8 @@ class LearnerLoop:
         self.busy_seconds = 0.0  # clock seconds spent training
         self.clock_before = 0.0  # clock seconds of earlier lives of this run (resume)
         self.resumes = 0
+        self.skipped_steps = 0  # steps with a non-finite gradient (no update applied)
+        self.skipped_in_a_row = 0
         self.extra: dict[str, Any] = {}  # the driver's figures for summary.json
         self.needs_initial_eval = True
 
@@ -155,8 +166,18 @@ class LearnerLoop:
         previous = self.publisher.result()  # the version before this step's, complete
         assert previous is not None, "start() publishes the first version"
         self.publish()
+        skipped = result.stats.get("opt/skipped_updates", 0.0) > 0
+        self.skipped_steps += skipped
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
         record = self._record(result.stats, previous)
         self.recorder.on_step(record)
+        limit = self.cfg.learner.max_skipped_steps
+        if self.skipped_in_a_row >= limit:
+            raise TrainingDivergedError(
+                f"{limit} learner steps in a row (the last at version {self.learner.version}) had a non-finite "
+                "gradient, so no update was applied and their groups were left out; look for a sampler sending "
+                "extreme log-probs or rewards (its log, net/rejected_*), fix it, then resume"
+            )
         return record
 
     def finish(self) -> dict[str, Any]:
@@ -188,6 +209,7 @@ class LearnerLoop:
             **stats,
             **self.intake.metrics(),
             "net/connected": float(len(self.peers.connected(self.cfg.live.connected_seconds))),
+            "learner/skipped_steps": float(self.skipped_steps),
         }
         failed = 0
         for name, peer in sorted(self.peers.snapshot().items()):
@@ -221,6 +243,7 @@ class LearnerLoop:
             "weight_bytes_full": self.traffic.total_full_bytes,
             "net": {**self.intake.counters_json(), "weights_failed": sum(p.failed for p in peers.values())},
             "resumes": self.resumes,
+            "skipped_steps": self.skipped_steps,
         }
 
     # ---------------------------------------------------------------- durability (resume)
@@ -245,6 +268,7 @@ class LearnerLoop:
             "traffic": [self.traffic.total_bytes, self.traffic.total_full_bytes],
             "admission": [self.admission.started, self.admission.released],
             "resumes": self.resumes,
+            "skipped": [self.skipped_steps, self.skipped_in_a_row],
         }
         path = save_learner_state(self.learner, root, queue=queue, extra=extra)
         assert self.intake.journal is not None
@@ -274,6 +298,7 @@ class LearnerLoop:
         self.traffic.total_bytes, self.traffic.total_full_bytes = (int(v) for v in x["traffic"])
         self.admission.started, self.admission.released = (int(v) for v in x["admission"])
         self.resumes = int(x["resumes"]) + 1
+        self.skipped_steps, self.skipped_in_a_row = (int(v) for v in x.get("skipped", [0, 0]))
         self.needs_initial_eval = False
         return queued
 
