@@ -63,6 +63,17 @@ class GroupLimits:
     max_reward: float = 1e4
 
 
+def max_message_bytes(limits: GroupLimits) -> int | None:
+    """The largest message `decode_group` can accept under `limits` (None when the group size is open): a body
+    bound tighter than any configured one, so a peer cannot make the learner buffer more than a real group."""
+    if limits.group_size is None:
+        return None
+    G = limits.group_size
+    L = max(0, min(limits.max_completion_tokens, limits.max_total_tokens - 1))
+    P = max(1, min(limits.max_prompt_tokens, limits.max_total_tokens - L))
+    return len(MAGIC) + 4 + MAX_HEADER_BYTES + 4 * (P + 3 * G * L + 2 * G)
+
+
 def encode_group(group: RolloutGroup) -> bytes:
     """Serialise a group (mask rows must be contiguous prefixes, as generation produces them)."""
     lengths = group.completion_mask_GL.sum(1).to(torch.int32)

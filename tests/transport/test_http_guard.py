@@ -36,15 +36,16 @@ async def served(live: LiveLearner) -> AsyncIterator[tuple[str, int]]:
 
 
 async def exchange(addr: tuple[str, int], request: bytes, timeout: float = 10.0) -> tuple[int, dict]:
-    """Send raw bytes, read the whole answer; (status, JSON body)."""
+    """Send raw bytes on a new connection, read one answer; (status, JSON body or {})."""
     reader, writer = await asyncio.open_connection(*addr)
     writer.write(request)
     await writer.drain()
-    raw = await asyncio.wait_for(reader.read(), timeout)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
+    lines = head.decode("latin-1").split("\r\n")
+    fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    body = await asyncio.wait_for(reader.readexactly(int(fields.get("content-length", 0))), timeout)
     writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status = int(head.split(b" ", 2)[1])
-    return status, json.loads(body) if body.startswith(b"{") else {}
+    return int(lines[0].split(" ", 2)[1]), json.loads(body) if body.startswith(b"{") else {}
 
 
 async def status_of(addr: tuple[str, int]) -> dict:

@@ -182,7 +182,7 @@ def test_weights_route_serves_updates_a_receiver_verifies(tmp_path: Path, tiny_m
             assert first.kind == "snapshot"
             assert receiver.apply(first)
             assert (receiver.version, receiver.state_hash) == (0, live.loop.store.latest_hash)
-            held = {"version": "0", "hash": receiver.state_hash, "wait": "0", "sampler": "s0", "idle": "0.5"}
+            held = {"version": "0", "hash": receiver.state_hash, "wait": "0", "sampler": "sampler-0", "idle": "0.5"}
             r = await client.get("/v1/weights", params=held, headers=AUTH)
             assert r.status == 204
             # a long-poll is answered as soon as the next version is published
@@ -213,7 +213,7 @@ def test_weights_route_serves_updates_a_receiver_verifies(tmp_path: Path, tiny_m
             assert (receiver.version, receiver.state_hash) == (1, live.loop.store.latest_hash)
 
     asyncio.run(scenario())
-    assert live.loop.peers.snapshot()["s0"].idle == 0.5
+    assert live.loop.peers.snapshot()["sampler-0"].idle == 0.5
 
 
 def test_envelope_rejects_damaged_framing() -> None:

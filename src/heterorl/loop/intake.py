@@ -143,6 +143,11 @@ class Intake:
             self.counters.rejected[reason] += 1
         return Verdict(REJECTION_STATUS[reason], reason, detail=detail)
 
+    def count_busy(self) -> None:
+        """Count a POST turned away before it was read (the service's upload limit), like a full queue."""
+        with self.cond:
+            self.counters.busy += 1
+
     def accept(self, body: bytes, current_version: int, digest: str | None = None) -> Verdict:
         """Check `digest` (when sent), decode and validate one message; journal and queue it unless it is a
         duplicate (or the queue is full)."""

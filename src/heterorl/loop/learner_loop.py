@@ -31,6 +31,7 @@ from heterorl.config import RunConfig
 from heterorl.frictions import KINDS as FRICTION_KINDS
 from heterorl.frictions import frictions_active
 from heterorl.learner import Learner
+from heterorl.loop.build import node_name
 from heterorl.loop.intake import ACKED, RETRIED, Intake, IntakeCounters, Verdict
 from heterorl.loop.journal import Journal
 from heterorl.loop.peers import Peers
@@ -79,7 +80,7 @@ class LearnerLoop:
         self.publisher = BackgroundPublisher(cfg.weights)
         self.store = self.publisher.store
         self.traffic = WeightTraffic()
-        self.peers = Peers()
+        self.peers = Peers(node_name(cfg, i) for i in range(len(cfg.cluster.samplers)))
         model_cfg = learner.policy.model.config
         context = int(getattr(model_cfg, "max_position_embeddings", cfg.model.max_positions))
         limits = GroupLimits(

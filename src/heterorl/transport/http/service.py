@@ -41,6 +41,7 @@ from aiohttp import web
 
 from heterorl.config import RunConfig
 from heterorl.loop.learner_loop import LearnerLoop
+from heterorl.rollout_codec import max_message_bytes
 from heterorl.transport.http.auth import bearer_matches
 from heterorl.transport.http.guard import Guard, GuardedRunner
 from heterorl.weights.envelope import encode_update
@@ -138,7 +139,10 @@ def _authorized(request: web.Request, token: str) -> bool:
 
 def build_app(live: LearnerEndpoint, token: str) -> web.Application:
     """The aiohttp application of one learner (routes above); `token` guards everything but status."""
-    max_body = live.cfg.live.max_body_bytes
+    # no body may exceed the largest group this learner could accept (often far below live.max_body_bytes)
+    largest = max_message_bytes(live.loop.intake.limits(0))
+    max_body = min(live.cfg.live.max_body_bytes, largest or live.cfg.live.max_body_bytes)
+    uploads = 0  # rollout bodies being read now (bounded: each one is buffered whole)
     app = web.Application(client_max_size=max_body)
     app[LIVE_KEY] = live
     learner = live.loop
@@ -169,7 +173,7 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
         if current and not live.finished:
             await notifier.wait(min(wait, live.cfg.live.poll_seconds))
         if live.finished:
-            if sampler is not None:
+            if sampler in learner.peers.names:
                 live.told_finished.add(sampler)
             return web.json_response({"outcome": "finished"}, status=410)
         if store.latest_version is None:
@@ -204,16 +208,24 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
         return web.json_response({"outcome": "wait", "retry_after": retry}, status=429)
 
     async def rollouts(request: web.Request) -> web.StreamResponse:
+        nonlocal uploads
         if not _authorized(request, token):
             return _refuse(live, "unauthorized")
         if request.content_length is not None and request.content_length > max_body:
             return _refuse(live, "too_large", f"{request.content_length} bytes > {max_body}")
+        if uploads >= live.cfg.live.max_concurrent_uploads:
+            learner.intake.count_busy()
+            detail = f"{uploads} uploads under way"
+            return web.json_response({"outcome": "busy", "detail": detail}, status=503, headers={"Retry-After": "1"})
+        uploads += 1
         try:
             body = await asyncio.wait_for(request.read(), live.cfg.live.body_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             return _refuse(live, "too_large", f"body over {max_body} bytes")
         except asyncio.TimeoutError:
             return _refuse(live, "timeout", f"body not received within {live.cfg.live.body_timeout_s:g} s")
+        finally:
+            uploads -= 1
         if len(body) > max_body:  # belt and braces: never trust one limit alone
             return _refuse(live, "too_large", f"{len(body)} bytes > {max_body}")
         sampler = request.query.get("sampler")
@@ -223,7 +235,7 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
             return web.json_response({"outcome": "not_ready"}, status=503, headers={"Retry-After": "1"})
         digest = request.headers.get(DIGEST_HEADER)
         verdict = await asyncio.get_running_loop().run_in_executor(None, learner.offer, body, digest)
-        if verdict.outcome == "finished" and sampler is not None:
+        if verdict.outcome == "finished" and sampler in learner.peers.names:
             live.told_finished.add(sampler)
         headers = {"Retry-After": "1"} if verdict.status == 503 else None
         payload = {"outcome": verdict.outcome, "group_id": verdict.group_id, "detail": verdict.detail}
