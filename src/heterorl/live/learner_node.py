@@ -6,18 +6,24 @@ updates, push groups into `loop.offer`, and ask `loop.admit` before generating w
 
 The run directory is the simulated mode's (config.yaml, metrics.jsonl, summary.json, checkpoint/) plus `live/`:
 `learner.json` (the URL it listens on, for launchers), `state/` (durable learner states), `journal/` (accepted
-groups since the last state). Every `live.checkpoint_every` steps the state is saved; `--resume` continues a
-killed or stopped learner from its newest state plus the journal, so every acknowledged group is either
-consumed (trained or dropped by the window) or queued again.
+groups since the last state), `learner.lock` (held while a learner runs there). The state of version 0 is saved
+before the service listens and then every `live.checkpoint_every` steps; `--resume` continues a killed or stopped
+learner from its newest state plus the journal, so every acknowledged group is either consumed (trained or
+dropped by the window) or queued again, whenever the kill came.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
+import os
+import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +34,11 @@ from heterorl.console import Bar, progress_bar
 from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
 from heterorl.loop.build import build_learner, build_task, configure_torch, resolve_base_model
-from heterorl.loop.journal import Journal, segment_indices
+from heterorl.loop.journal import Journal, read_segment, segment_indices
 from heterorl.loop.learner_loop import LearnerLoop, TrainingDivergedError, published_stats
 from heterorl.loop.recorder import RunRecorder
 from heterorl.loop.run_dir import new_run_dir, prepare_run_dir
-from heterorl.loop.state import latest_state, restore_learner_state
+from heterorl.loop.state import latest_state, remove_stale_temporaries, restore_learner_state
 from heterorl.transport.http.auth import configured_token, new_token
 from heterorl.transport.http.service import serve_app
 
@@ -78,6 +84,8 @@ class LiveLearner:
                 loop.publisher.close()
                 self.events.emit("stopped", version=loop.learner.version, error=str(err))
                 raise
+            ids = [g.group_id for g in taken.groups]  # the audit trail: which groups made which version
+            self.events.emit("trained", version=loop.learner.version, groups=ids)
             if result.stats.get("opt/skipped_updates"):
                 self.events.emit("skipped_step", version=loop.learner.version, groups=len(taken.groups))
             if loop.learner.version % every == 0 and not loop.done:
@@ -123,17 +131,48 @@ def _comparable(cfg: RunConfig) -> dict[str, Any]:
     return cfg.model_dump(mode="json", exclude={"live"})
 
 
-def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> None:
+def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
+    """Whether to resume from the run directory's state. A fresh start over a state, or a resume with another
+    config, is refused. A directory without a state holds no acknowledged group (the learner saves its version-0
+    state before it listens), so a learner killed before that starts afresh, --resume or not."""
     state_root, journal = run_dir / "live" / "state", run_dir / "live" / "journal"
+    state = latest_state(state_root)
+    if state is None:
+        records = sum(len(read_segment(journal / f"{i:08d}.journal")) for i in segment_indices(journal))
+        if records:
+            raise LiveSetupError(
+                f"{journal} holds {records} acknowledged groups but {state_root} no learner state to replay them "
+                "on; restore the state directory, or start in a new run directory"
+            )
+        shutil.rmtree(journal, ignore_errors=True)  # empty segments of a learner that never listened,
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # and its initial evaluation: all redone now
+        return False
     if not resume:
-        if latest_state(state_root) is not None or segment_indices(journal):
-            raise LiveSetupError(f"{run_dir} already holds a live learner; pass --resume or use a new run directory")
-        return
-    if latest_state(state_root) is None:
-        raise LiveSetupError(f"--resume: no learner state under {state_root}")
+        raise LiveSetupError(f"{run_dir} already holds a live learner; pass --resume or use a new run directory")
     saved_cfg = RunConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()))
     if _comparable(saved_cfg) != _comparable(cfg):
         raise LiveSetupError(f"--resume: the config differs from {run_dir / 'config.yaml'} (only `live` may change)")
+    return True
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold `live/learner.lock` for as long as this learner runs: two learners on one directory would interleave
+    journals and states. The kernel drops the lock when the process dies, so a kill -9 leaves none behind."""
+    path = run_dir / "live" / "learner.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise LiveSetupError(f"{run_dir} is in use by a running learner ({holder}); stop it first") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}")
+        f.flush()
+        yield
 
 
 def _truncate(path: Path, nbytes: int) -> None:
@@ -168,6 +207,8 @@ def open_learner(
     """The learner process's loop over `run_dir`: fresh from `base`, or (resume) from the newest saved state plus
     the journal. Call `loop.start()` next, then serve it."""
     saved = None
+    for stale in remove_stale_temporaries(run_dir / "live" / "state"):  # a save killed half-way
+        (events or EventLog()).emit("removed_stale", path=str(stale))
     if resume:
         path = latest_state(run_dir / "live" / "state")
         if path is None:
@@ -210,19 +251,21 @@ def serve_learner(
             raise LiveSetupError("--resume needs --run-dir")
         run_dir = new_run_dir(name="live")
     run_dir = Path(run_dir)
-    _check_run_dir(cfg, run_dir, resume)
-    token = resolve_learner_token(cfg)
-    run_dir = prepare_run_dir(cfg, run_dir)
-    (run_dir / "live").mkdir(exist_ok=True)
-    address = run_dir / "live" / "learner.json"
-    address.unlink(missing_ok=True)
-    configure_torch(cfg)
-    base, pretrain_info = resolve_base_model(cfg, show_progress)
-    with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
-        live = open_learner(cfg, run_dir, base, resume=resume, bar=bar)
-        live.loop.extra = {"base_model": str(base), "pretrain": pretrain_info, "clock": "wall"}
-        live.loop.start()  # the initial evaluation (fresh runs) and the current version's publication
-        asyncio.run(serve_app(live, token, host, port, address))
+    with run_dir_lock(run_dir):
+        resume = _check_run_dir(cfg, run_dir, resume)
+        token = resolve_learner_token(cfg)
+        run_dir = prepare_run_dir(cfg, run_dir)
+        address = run_dir / "live" / "learner.json"
+        address.unlink(missing_ok=True)
+        configure_torch(cfg)
+        base, pretrain_info = resolve_base_model(cfg, show_progress)
+        with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
+            live = open_learner(cfg, run_dir, base, resume=resume, bar=bar)
+            live.loop.extra = {"base_model": str(base), "pretrain": pretrain_info, "clock": "wall"}
+            live.loop.start()  # the initial evaluation (fresh runs) and the current version's publication
+            if not resume:
+                live.checkpoint()  # version 0 on disk before the first group can be acknowledged
+            asyncio.run(serve_app(live, token, host, port, address))
     if live.summary is None:
         return None
     summary = {**live.summary, "wall_seconds": time.monotonic() - wall_start}

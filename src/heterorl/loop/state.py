@@ -122,6 +122,16 @@ def _state_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def remove_stale_temporaries(root: str | Path) -> list[Path]:
+    """Delete the `.tmp-*` directories a learner killed mid-save left under `root` (call only while no other
+    process writes there: the learner holds the run directory's lock); returns what was removed."""
+    root = Path(root)
+    stale = sorted(p for p in root.glob(".tmp-*") if p.is_dir()) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
 def latest_state(root: str | Path) -> Path | None:
     """The newest complete state directory under `root`, or None."""
     dirs = _state_dirs(Path(root))

@@ -1,0 +1,104 @@
+"""Durability from the first acknowledged group: a learner killed (SIGKILL) before its first periodic checkpoint
+resumes without losing or double-training an acknowledged group; a learner killed before it ever listened starts
+afresh, with or without --resume; stale temporaries of a killed save are removed; one learner per directory."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_config
+from heterorl.config import config_to_yaml
+from heterorl.eventlog import EventLog, read_events
+from heterorl.live.learner_node import _check_run_dir, open_learner, run_dir_lock
+from heterorl.live.preflight import LiveSetupError
+from heterorl.loop.journal import Journal
+from live.test_processes import Processes, acked, processes, state_group_ids, status, wait_until  # noqa: F401
+
+
+def trained_lineage(*logs: Path) -> dict[int, list[str]]:
+    """version -> group ids of the step that made it, the last life's record winning (redone steps replace)."""
+    lineage: dict[int, list[str]] = {}
+    for log in logs:
+        resumed = [e["version"] for e in read_events(log, "resumed")]
+        if resumed:  # steps after the resumed version are redone by this life
+            lineage = {v: g for v, g in lineage.items() if v <= resumed[0]}
+        for e in read_events(log, "trained"):
+            lineage[e["version"]] = e["groups"]
+    return lineage
+
+
+def test_a_learner_killed_before_its_first_periodic_checkpoint_resumes(
+    tmp_path: Path, tiny_model_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    cfg = tiny_config(
+        tiny_model_dir,
+        "task.reward=heterorl_live_proc_reward:length",
+        "cluster.samplers=[{name: a, link: {rollout_delay: {kind: fixed, seconds: 0.05}}}]",
+        "learner.steps=6",
+        "live.emulate_links=true",
+        "live.checkpoint_every=100",  # no periodic state before the kill
+        "live.poll_seconds=1",
+        "live.backoff_initial_s=0.05",
+        "live.backoff_max_s=0.5",
+    )
+    config, run = tmp_path / "config.yaml", tmp_path / "run"
+    config.write_text(config_to_yaml(cfg))
+    address = run / "live" / "learner.json"
+    procs: Processes = request.getfixturevalue("processes")
+    learner = procs.start("learner-1", "learner", str(config), "--listen", "127.0.0.1:0", "--run-dir", str(run))
+    procs.start("a-1", "sampler", str(config), "--connect-file", str(address), "--index", "0")
+    wait_until(address.is_file, procs, 120, "the learner to listen")
+    url = json.loads(address.read_text())["url"]
+    wait_until(lambda: status(url).get("steps", 0) >= 2, procs, 120, "two steps")
+    learner.kill()
+    learner.wait()
+    acked_before = acked(procs, "a-1")
+    assert len(acked_before) >= 8  # two batches of 4 at least were acknowledged, none checkpointed since v0
+
+    listen = "127.0.0.1:" + url.rsplit(":", 1)[1]
+    resumed = procs.start("learner-2", "learner", str(config), "--listen", listen, "--run-dir", str(run), "--resume")
+    assert resumed.wait(timeout=120) == 0, procs.log("learner-2").read_text()[-3000:]
+    assert procs.procs["a-1"].wait(timeout=30) == 0
+    (event,) = read_events(procs.log("learner-2"), "resumed")
+    assert event["version"] == 0  # the state written before the first group was acknowledged
+
+    consumed, queued = state_group_ids(run)
+    assert acked(procs, "a-1") <= consumed | queued  # no acknowledged group lost
+    lineage = trained_lineage(procs.log("learner-1"), procs.log("learner-2"))
+    assert sorted(lineage) == list(range(1, 7))
+    trained = [gid for groups in lineage.values() for gid in groups]
+    assert len(trained) == len(set(trained))  # none trained twice in the run's history
+    assert acked_before <= set(trained) | queued
+
+
+def test_a_learner_killed_before_it_listened_starts_afresh(tmp_path: Path, tiny_model_dir: Path) -> None:
+    cfg = tiny_config(tiny_model_dir)
+    run = tmp_path / "run"
+    Journal(run / "live" / "journal").close()  # what open_learner left: an empty segment
+    (run / "metrics.jsonl").write_text('{"kind": "eval", "step": 0}\n')  # and its initial evaluation
+    (run / "live" / "state" / ".tmp-s00000000-v00000000-123").mkdir(parents=True)
+    assert _check_run_dir(cfg, run, resume=True) is False  # nothing was acknowledged: nothing to resume
+    assert not (run / "live" / "journal").exists()
+    assert not (run / "metrics.jsonl").exists()
+    live = open_learner(cfg, run, str(tiny_model_dir), events=EventLog(io.StringIO()))
+    assert not list((run / "live" / "state").iterdir())  # the killed save's temporary directory is gone
+    live.loop.intake.journal.close()
+    live.loop.publisher.close()
+    Journal(run / "live" / "journal").append(b"an acknowledged group")
+    with pytest.raises(LiveSetupError, match="1 acknowledged groups but"):
+        _check_run_dir(cfg, run, resume=True)
+
+
+def test_one_learner_per_run_directory(tmp_path: Path) -> None:
+    with (
+        run_dir_lock(tmp_path),
+        pytest.raises(LiveSetupError, match="in use by a running learner"),
+        run_dir_lock(tmp_path),
+    ):
+        pass
+    with run_dir_lock(tmp_path):  # released with its holder
+        pass
