@@ -23,9 +23,9 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -43,6 +43,8 @@ from heterorl.transport.http.auth import configured_token, new_token
 from heterorl.transport.http.service import serve_app
 
 TAKE_POLL_S = 0.5  # how often a waiting training thread re-checks for a stop request
+PERSIST_MAX_WAIT_S = 30.0  # longest wait between two tries of a write the disk refused
+T = TypeVar("T")
 
 
 class LiveLearner:
@@ -52,6 +54,7 @@ class LiveLearner:
         self.cfg, self.run_dir, self.loop, self.events = cfg, run_dir, loop, events
         self.state_root = run_dir / "live" / "state"
         self.checkpoint_version: int | None = None
+        self.checkpoint_failed = False  # the last periodic checkpoint could not be written (retry next step)
         self.finished = False
         self.told_finished: set[str] = set()  # samplers that were answered 410
         self.summary: dict[str, Any] | None = None
@@ -69,7 +72,8 @@ class LiveLearner:
         self.loop.intake.close()
 
     def train(self) -> None:
-        """The loop's steps on the wall clock until `learner.steps` or a stop request; checkpoints on the way."""
+        """The loop's steps on the wall clock until `learner.steps` or a stop request; checkpoints on the way
+        (a checkpoint the disk refuses is tried again after the next step; training goes on meanwhile)."""
         loop, every = self.loop, self.cfg.live.checkpoint_every
         while not loop.done and not self.stop.is_set():
             taken = loop.take(TAKE_POLL_S)
@@ -80,7 +84,7 @@ class LiveLearner:
             try:
                 loop.commit(result, busy_seconds=time.monotonic() - began)
             except TrainingDivergedError as err:
-                self.checkpoint()  # the weights are still finite (nothing was applied): resumable once fixed
+                self.persist(self.checkpoint)  # the weights are still finite (nothing applied): resumable once fixed
                 loop.publisher.close()
                 self.events.emit("stopped", version=loop.learner.version, error=str(err))
                 raise
@@ -88,23 +92,47 @@ class LiveLearner:
             self.events.emit("trained", version=loop.learner.version, groups=ids)
             if result.stats.get("opt/skipped_updates"):
                 self.events.emit("skipped_step", version=loop.learner.version, groups=len(taken.groups))
-            if loop.learner.version % every == 0 and not loop.done:
-                self.checkpoint()
+            if (loop.learner.version % every == 0 or self.checkpoint_failed) and not loop.done:
+                self.try_checkpoint()
         if loop.done:
             self.finished = True
             self.notify()  # long-polls answer 410 now
-            self.checkpoint()  # the final state: every accepted group is consumed or queued
-            self.summary = loop.finish()
+            self.persist(self.checkpoint)  # the final state: every accepted group is consumed or queued
+            self.summary = self.persist(loop.finish)
             self.events.emit("finished", version=loop.learner.version, elapsed=round(loop.now(), 3))
         else:
-            self.checkpoint()  # stopped early: durable state for --resume
+            self.persist(self.checkpoint)  # stopped early: durable state for --resume
             loop.publisher.close()
 
     def checkpoint(self) -> Path:
         path = self.loop.save_state(self.state_root)
         self.checkpoint_version = self.loop.learner.version
+        self.checkpoint_failed = False
         self.events.emit("checkpoint", version=self.loop.learner.version, path=str(path))
         return path
+
+    def try_checkpoint(self) -> Path | None:
+        """A periodic checkpoint; a disk that refuses it (full) is logged and the next step tries again. Nothing
+        is lost meanwhile: the previous state and the journal hold every acknowledged group."""
+        try:
+            return self.checkpoint()
+        except OSError as err:
+            self.checkpoint_failed = True
+            self.events.emit("checkpoint_failed", version=self.loop.learner.version, error=str(err))
+            return None
+
+    def persist(self, write: Callable[[], T]) -> T:
+        """`write()` (a state, the final checkpoint and summary), retried while the disk refuses it, with waits of
+        1 s doubling to 30 s, until it succeeds or a stop is requested (then the OSError is raised)."""
+        delay = 1.0
+        while True:
+            try:
+                return write()
+            except OSError as err:
+                self.events.emit("write_failed", version=self.loop.learner.version, error=str(err), retry_s=delay)
+                if self.stop.wait(delay):
+                    raise
+                delay = min(2 * delay, PERSIST_MAX_WAIT_S)
 
     def status(self) -> dict[str, Any]:
         """GET /v1/status: progress, queue, counters, samplers."""
@@ -264,7 +292,12 @@ def serve_learner(
             live.loop.extra = {"base_model": str(base), "pretrain": pretrain_info, "clock": "wall"}
             live.loop.start()  # the initial evaluation (fresh runs) and the current version's publication
             if not resume:
-                live.checkpoint()  # version 0 on disk before the first group can be acknowledged
+                try:
+                    live.checkpoint()  # version 0 on disk before the first group can be acknowledged
+                except OSError as err:
+                    raise LiveSetupError(
+                        f"cannot write the learner's first state under {live.state_root}: {err}"
+                    ) from None
             asyncio.run(serve_app(live, token, host, port, address))
     if live.summary is None:
         return None

@@ -21,6 +21,7 @@ busy (503, the queue is full: the sampler retries later), finished (410), or a r
 | bad_http | 400 | not an HTTP request the server can parse (request line, headers, Content-Length, chunking) |
 | timeout | 408 | a request head or body not received in time (`live.header_timeout_s`, `live.body_timeout_s`) |
 | too_many_connections | 503 | a connection beyond `live.max_connections` (refused at once) |
+| disk_full | 507 | the journal could not store the group (disk full or failing): retry later, nothing was kept |
 | id_conflict | 409 | a group id already used by a group with other content (a retried POST sends the same bytes) |
 | internal_error | 500 | a bug in a handler of the learner (counted, logged in one line: no traceback per request) |
 
@@ -62,6 +63,7 @@ REJECTION_STATUS = {
     "timeout": 408,
     "too_many_connections": 503,
     "id_conflict": 409,
+    "disk_full": 507,
     "internal_error": 500,
 }
 MAX_GROUP_ID_CHARS = 200
@@ -181,7 +183,11 @@ class Intake:
                 self.counters.busy += 1
                 return Verdict(503, "busy", gid, f"{len(self.buffer)} groups queued")
             if self.journal is not None:
-                self.journal.append(body)  # durable before it is acknowledged
+                try:
+                    self.journal.append(body)  # durable before it is acknowledged
+                except OSError as err:  # disk full or failing: not durable, so not acknowledged (no trace left)
+                    self.counters.rejected["disk_full"] += 1
+                    return Verdict(507, "disk_full", gid, f"the learner cannot store it now: {err.strerror}")
             self.buffer.add(group)
             self.payloads[gid] = body
             self.counters.accepted += 1

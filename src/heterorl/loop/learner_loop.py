@@ -249,7 +249,9 @@ class LearnerLoop:
 
     # ---------------------------------------------------------------- durability (resume)
     def save_state(self, root: Path) -> Path:
-        """Write the learner state atomically under `root`, then drop the journal segments it covers."""
+        """Write the learner state atomically under `root`, then drop the journal segments it covers. Raises
+        OSError (disk full) with the previous state and the journal intact: the caller may try again later."""
+        self.recorder.metrics.flush()  # the state's metrics_bytes must cover every step it holds
         queue, consumed, segment = self.intake.checkpoint_view()
         buffer = self.intake.buffer
         ids = sorted(consumed)

@@ -147,6 +147,19 @@ def save_learner_state(learner: Learner, root: str | Path, *, queue: list[bytes]
     final = root / f"s{seq:08d}-v{learner.version:08d}"
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_state(learner, tmp, queue, extra)
+    except OSError:  # disk full: leave nothing half-written behind; the previous state is intact
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    tmp.rename(final)
+    fsync_path(root)
+    for _, old in existing:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_state(learner: Learner, tmp: Path, queue: list[bytes], extra: dict[str, Any]) -> None:
     tmp.mkdir()
     learner.save_checkpoint(tmp / "model")
     opt_tensors, opt_meta = _optimizer_parts(learner)
@@ -165,11 +178,6 @@ def save_learner_state(learner: Learner, root: str | Path, *, queue: list[bytes]
     }
     (tmp / "state.json").write_text(json.dumps(meta))
     _fsync_tree(tmp)
-    tmp.rename(final)
-    fsync_path(root)
-    for _, old in existing:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def restore_learner_state(learner: Learner, path: str | Path) -> SavedState:
