@@ -104,3 +104,31 @@ def test_resume_rebuilds_the_queue_from_state_and_journal(tmp_path: Path, tiny_m
     for body in (messages[0], messages[5], messages[8]):  # consumed, checkpointed, journaled
         assert resumed.loop.intake.accept(body, 1).outcome == "duplicate"
     assert len(resumed.loop.intake.buffer) == 5
+
+
+def test_a_resumed_learner_accepts_groups_of_versions_it_served_before(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Samplers still generating with a version the killed learner had served are not forgers: the resumed
+    learner, about to reproduce that version, accepts their groups; a version never served is still refused."""
+    live = make_live(tmp_path / "run", tiny_model_dir, REWARD)
+    groups = sample_groups(live, tiny_model_dir, 12)
+    live.checkpoint()  # version 0
+    for batch in (groups[0:4], groups[4:8]):
+        for g in batch:
+            assert live.loop.offer(encode_group(g)).outcome == "accepted"
+        taken = live.loop.take()
+        assert taken is not None
+        live.loop.commit(live.loop.train(taken), busy_seconds=0.0)
+    assert live.loop.published_version == 2  # served up to version 2, then killed without a state after v0
+    live.loop.publisher.close()
+    live.loop.intake.journal.close()
+
+    resumed = resume_live(live)
+    assert resumed.loop.learner.version == 0
+    resumed.loop.start()
+    at_v2, at_v3 = groups[8], groups[9]
+    at_v2.version_GL.fill_(2)
+    at_v3.version_GL.fill_(3)
+    assert resumed.loop.offer(encode_group(at_v2)).outcome == "accepted"
+    assert resumed.loop.offer(encode_group(at_v3)).outcome == "future_version"
+    assert resumed.loop.intake.counters.rejected == {"future_version": 1}
+    resumed.loop.publisher.close()

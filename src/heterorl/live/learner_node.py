@@ -38,7 +38,13 @@ from heterorl.loop.journal import Journal, read_segment, segment_indices
 from heterorl.loop.learner_loop import LearnerLoop, TrainingDivergedError, published_stats
 from heterorl.loop.recorder import RunRecorder
 from heterorl.loop.run_dir import new_run_dir, prepare_run_dir
-from heterorl.loop.state import latest_state, remove_stale_temporaries, restore_learner_state
+from heterorl.loop.state import (
+    latest_state,
+    read_version_mark,
+    remove_stale_temporaries,
+    restore_learner_state,
+    write_version_mark,
+)
 from heterorl.transport.http.auth import configured_token, new_token
 from heterorl.transport.http.service import serve_app
 
@@ -60,7 +66,17 @@ class LiveLearner:
         self.summary: dict[str, Any] | None = None
         self.stop = threading.Event()
         self.notify = lambda: None  # set by the service: wakes long-polls (thread-safe)
+        self.served_mark = run_dir / "live" / "served.version"
+        self.marked = read_version_mark(self.served_mark)
         loop.publisher.on_published.append(self._published)
+        loop.before_publish = self._mark_served
+
+    def _mark_served(self, version: int) -> None:
+        """Before a version can be served, make it durable that it was: a learner resumed at an older state then
+        accepts the samplers' groups of that version (it is about to reproduce it) rather than call them forged."""
+        if version > self.marked:
+            self.persist(lambda: write_version_mark(self.served_mark, version, self.cfg.live.fsync))
+            self.marked = version
 
     def _published(self, published: Any) -> None:
         self.events.emit("published", **published_stats(published))
@@ -174,6 +190,7 @@ def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
             )
         shutil.rmtree(journal, ignore_errors=True)  # empty segments of a learner that never listened,
         (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # and its initial evaluation: all redone now
+        (run_dir / "live" / "served.version").unlink(missing_ok=True)
         return False
     if not resume:
         raise LiveSetupError(f"{run_dir} already holds a live learner; pass --resume or use a new run directory")
@@ -255,6 +272,7 @@ def open_learner(
     loop = LearnerLoop(cfg, learner, recorder, clock=lambda: time.monotonic() - clock_start, journal=journal)
     events = events or EventLog()
     live = LiveLearner(cfg, run_dir, loop, events)
+    loop.served_ceiling = live.marked
     if saved is not None:
         queued = loop.restore_state(saved)
         live.checkpoint_version = saved.version

@@ -100,6 +100,8 @@ class LearnerLoop:
         self.intake = Intake(RolloutBuffer(window), journal, limits, cfg.live.max_queued_groups, text.prompt_ids)
         self.admission = Admission(eta, self.B)
         self.published_version = -1  # the newest version handed to the publisher
+        self.served_ceiling = -1  # the newest version an earlier life of this learner may have served (resume)
+        self.before_publish: Callable[[int], None] | None = None  # the driver's hook (a durable mark)
         self.busy_seconds = 0.0  # clock seconds spent training
         self.clock_before = 0.0  # clock seconds of earlier lives of this run (resume)
         self.resumes = 0
@@ -127,13 +129,16 @@ class LearnerLoop:
 
     def publish(self) -> None:
         """Hand the learner's current version to the publisher (it waits for the previous one first)."""
+        if self.before_publish is not None:
+            self.before_publish(self.learner.version)
         self.publisher.submit(self.learner.version, self.learner.export_weights())
         self.published_version = self.learner.version
 
     def offer(self, body: bytes, digest: str | None = None) -> Verdict:
         """One encoded group from a sampler: accepted, duplicate, busy, finished, or rejected with its reason.
-        A rejected group will never arrive, so its admission budget is given back."""
-        verdict = self.intake.accept(body, self.published_version, digest)
+        A rejected group will never arrive, so its admission budget is given back. After a resume, versions an
+        earlier life served are not from the future: the learner is about to reproduce them."""
+        verdict = self.intake.accept(body, max(self.published_version, self.served_ceiling), digest)
         if verdict.outcome not in ACKED + RETRIED:
             with self.intake.cond:
                 self.admission.release(1)

@@ -122,6 +122,32 @@ def _state_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+# ---------------------------------------------------------------- the served-version mark
+_MARK_DIGITS = 12
+
+
+def write_version_mark(path: Path, version: int, fsync: bool = True) -> None:
+    """Record durably that `version` may have reached samplers (before it is served). Fixed width and written in
+    place, so it needs no new disk block (it works on a full disk) and one write never tears a number apart."""
+    data = f"{version:0{_MARK_DIGITS}d}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data, 0)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_version_mark(path: Path) -> int:
+    """The version recorded by `write_version_mark`, or -1 (none, or unreadable)."""
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return -1
+    return int(text) if text.isdigit() and len(text) == _MARK_DIGITS else -1
+
+
 def remove_stale_temporaries(root: str | Path) -> list[Path]:
     """Delete the `.tmp-*` directories a learner killed mid-save left under `root` (call only while no other
     process writes there: the learner holds the run directory's lock); returns what was removed."""
