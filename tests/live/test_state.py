@@ -14,6 +14,7 @@ from heterorl.live.learner_node import LiveLearner, open_learner
 from heterorl.loop.build import build_learner
 from heterorl.loop.journal import Journal, read_segment, segment_indices
 from heterorl.loop.state import latest_state, restore_learner_state, save_learner_state
+from heterorl.rollout import pack_groups
 from heterorl.rollout_codec import encode_group
 from heterorl.weights import state_hash
 from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
@@ -23,7 +24,8 @@ pytestmark = pytest.mark.usefixtures("varied_reward")
 
 def resume_live(live: LiveLearner) -> LiveLearner:
     """What `heterorl learner --resume` does, in process."""
-    return open_learner(live.cfg, live.run_dir, "", resume=True, events=EventLog(io.StringIO()))
+    assert live.cfg.model.path is not None
+    return open_learner(live.cfg, live.run_dir, live.cfg.model.path, resume=True, events=EventLog(io.StringIO()))
 
 
 def test_a_restored_learner_continues_bit_for_bit(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -35,7 +37,7 @@ def test_a_restored_learner_continues_bit_for_bit(tmp_path: Path, tiny_model_dir
         live.loop.learner, tmp_path / "state", queue=[encode_group(groups[5])], extra={"k": [1, 2]}
     )
     rng_after_save = torch.rand(3)
-    copy = build_learner(live.cfg, str(path / "model"))
+    copy = build_learner(live.cfg, str(tiny_model_dir))
     saved = restore_learner_state(copy, path)
     assert torch.equal(torch.rand(3), rng_after_save)  # the torch RNG continues where it was saved
     assert (saved.version, saved.extra, saved.queue) == (2, {"k": [1, 2]}, [encode_group(groups[5])])
@@ -132,3 +134,34 @@ def test_a_resumed_learner_accepts_groups_of_versions_it_served_before(tmp_path:
     assert resumed.loop.offer(encode_group(at_v3)).outcome == "future_version"
     assert resumed.loop.intake.counters.rejected == {"future_version": 1}
     resumed.loop.publisher.close()
+
+
+@pytest.mark.parametrize(
+    "lora", ["model.lora={rank: 4, target_modules: [q_proj, v_proj], publish: adapter}", None], ids=["lora", "full"]
+)
+def test_a_resumed_learner_keeps_its_base_and_kl_reference(tmp_path: Path, tiny_model_dir: Path, lora: str | None):
+    """Restored from the base model plus the saved trainable weights: with LoRA the same adapters on the same
+    base (what samplers holding the base apply), and in both cases the KL reference is the run's base model."""
+    options = ["objective.ref_kl_beta=0.1", "learner.lr=5e-2", *([lora] if lora else [])]
+    plain = make_live(tmp_path / "plain", tiny_model_dir, REWARD)  # samples with the base weights
+    groups = sample_groups(plain, tiny_model_dir, 12)
+    live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *options)
+    learner = live.loop.learner
+    for batch in (groups[0:4], groups[4:8]):
+        learner.train_step(batch)
+    path = save_learner_state(learner, tmp_path / "state", queue=[], extra={})
+    copy = build_learner(live.cfg, str(tiny_model_dir))
+    restore_learner_state(copy, path)
+    exported, restored = learner.export_weights(), copy.export_weights()
+    assert exported.keys() == restored.keys()
+    assert all(torch.equal(exported[k], restored[k]) for k in exported)  # what samplers are sent, bit for bit
+    fresh = build_learner(live.cfg, str(tiny_model_dir))
+    batch = pack_groups(groups[8:12], learner.policy.pad_id)
+    reference = fresh._ref_logp(batch)
+    assert not torch.equal(learner._logp(batch), reference)  # training moved the policy away from the base
+    assert torch.equal(copy._ref_logp(batch), reference)  # the reference is still the base model
+    learner.train_step(groups[8:12])
+    copy.train_step(groups[8:12])
+    original = dict(learner.policy.model.named_parameters())
+    for name, p in copy.policy.model.named_parameters():
+        assert torch.equal(p, original[name]), name

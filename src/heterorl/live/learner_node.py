@@ -258,7 +258,7 @@ def open_learner(
         path = latest_state(run_dir / "live" / "state")
         if path is None:
             raise LiveSetupError(f"--resume: no learner state under {run_dir / 'live' / 'state'}")
-        learner = build_learner(cfg, str(path / "model"))
+        learner = build_learner(cfg, base)  # as first built: frozen parts and the KL reference are the base's
         saved = restore_learner_state(learner, path)
         _truncate(run_dir / "metrics.jsonl", int(saved.extra["metrics_bytes"]))
     else:

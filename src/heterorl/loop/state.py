@@ -2,12 +2,17 @@
 
 A state directory holds
 
-    model/                    the fp32 master weights as a transformers checkpoint (`Learner.save_checkpoint`)
+    trainable.safetensors     the fp32 trainable weights by parameter name: every weight, or with LoRA the adapters
     optimizer.safetensors     AdamW's per-parameter tensors, named `state.<param index>.<key>`
     rng.safetensors           torch CPU (and CUDA) generator states
     queue.records             accepted, not yet trained rollout groups (`encode_group` messages, framed)
     state.json                version, optimizer param groups, scheduler, python/numpy RNG, queue count, and the
                               driver's own bookkeeping (`extra`)
+
+A learner is restored by building it from the run's base model, exactly as it was first built (so the frozen
+parts, LoRA's base weights, and the KL reference are the base model's), then loading the trainable weights: a
+merged checkpoint would give a LoRA learner fresh adapters on a different base, which samplers holding the base
+cannot use, and would make the resumed weights the KL reference.
 
 No pickle anywhere (safetensors + JSON), so a state directory is safe to copy between hosts. States are written
 into a temporary directory, fsynced and renamed into place as `s<seq>-v<version>`: a directory with that name is
@@ -32,7 +37,7 @@ from safetensors.torch import load_file, save_file
 from heterorl.learner import Learner
 from heterorl.loop.journal import frame, fsync_path, parse_records
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2  # 2: trainable.safetensors (1 held a merged transformers checkpoint, wrong with LoRA)
 
 
 @dataclass(frozen=True)
@@ -187,7 +192,7 @@ def save_learner_state(learner: Learner, root: str | Path, *, queue: list[bytes]
 
 def _write_state(learner: Learner, tmp: Path, queue: list[bytes], extra: dict[str, Any]) -> None:
     tmp.mkdir()
-    learner.save_checkpoint(tmp / "model")
+    save_file(_trainable(learner), str(tmp / "trainable.safetensors"))
     opt_tensors, opt_meta = _optimizer_parts(learner)
     save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
     rng_tensors, rng_meta = _rng_parts()
@@ -206,12 +211,29 @@ def _write_state(learner: Learner, tmp: Path, queue: list[bytes], extra: dict[st
     _fsync_tree(tmp)
 
 
+def _trainable(learner: Learner) -> dict[str, torch.Tensor]:
+    model = learner.policy.model
+    return {name: p.detach().cpu().contiguous() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _load_trainable(learner: Learner, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    params = {name: p for name, p in learner.policy.model.named_parameters() if p.requires_grad}
+    if set(params) != set(tensors):
+        missing, extra = sorted(set(params) - set(tensors))[:3], sorted(set(tensors) - set(params))[:3]
+        raise ValueError(f"{path}: trainable weights do not match this model (missing {missing}, extra {extra})")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(tensors[name])
+
+
 def restore_learner_state(learner: Learner, path: str | Path) -> SavedState:
-    """Load optimizer, scheduler, version and RNG states into `learner` (built from `path / "model"`)."""
+    """Load trainable weights, optimizer, scheduler, version and RNG states into `learner`, which must be built
+    from the run's base model (`build_learner(cfg, base)`)."""
     path = Path(path)
     meta = json.loads((path / "state.json").read_text())
     if meta.get("format") != STATE_FORMAT:
         raise ValueError(f"{path}: state format {meta.get('format')!r}, this version reads {STATE_FORMAT}")
+    _load_trainable(learner, load_file(str(path / "trainable.safetensors")), path)
     _load_optimizer(learner, load_file(str(path / "optimizer.safetensors")), meta["optimizer"])
     learner.scheduler.load_state_dict(meta["scheduler"])
     learner.version = int(meta["version"])
