@@ -43,7 +43,8 @@ def resolve_base_model(cfg: RunConfig, show_progress: bool = True) -> tuple[str,
     if cfg.model.path is not None:
         return cfg.model.path, {}
     result = ensure_base_model(cfg, show_progress=show_progress)
-    return result.path, {"steps": result.steps, "val_accuracy": result.val_accuracy}
+    info = {"steps": result.steps, "val_accuracy": result.val_accuracy, "state_hash": result.state_hash}
+    return result.path, {**info, "threads": result.threads}
 
 
 def build_task(cfg: RunConfig) -> Task:
