@@ -60,9 +60,10 @@ def _live_errors() -> Iterator[None]:
     from heterorl.transport.http.auth import TokenError
     from heterorl.transport.http.client import AuthError, LearnerUnreachableError
 
+    user_errors = (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError, TrainingDivergedError)
     try:
         yield
-    except (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError, TrainingDivergedError) as exc:
+    except (*user_errors, ConfigError) as exc:
         typer.secho(f"{type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
 

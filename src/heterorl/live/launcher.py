@@ -20,7 +20,7 @@ from typing import IO, Any
 from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.live.preflight import check_live_config
-from heterorl.loop.build import resolve_base_model
+from heterorl.loop.build import checked_model_path, resolve_base_model
 from heterorl.loop.run_dir import prepare_run_dir
 from heterorl.transport.http.auth import configured_token, new_token
 
@@ -124,6 +124,7 @@ def run_live(cfg: RunConfig, run_dir: str | Path, show_progress: bool = True) ->
     """Run `cfg` on a live local cluster (one learner + one process per sampler node) into `run_dir`."""
     wall_start = time.monotonic()
     check_live_config(cfg)
+    checked_model_path(cfg)
     run_dir = prepare_run_dir(cfg, run_dir)
     live_dir = run_dir / "live"
     live_dir.mkdir(exist_ok=True)

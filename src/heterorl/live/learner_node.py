@@ -33,7 +33,7 @@ from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
-from heterorl.loop.build import build_learner, build_task, configure_torch, resolve_base_model
+from heterorl.loop.build import build_learner, build_task, checked_model_path, configure_torch, resolve_base_model
 from heterorl.loop.journal import Journal, read_segment, segment_indices
 from heterorl.loop.learner_loop import LearnerLoop, TrainingDivergedError, published_stats
 from heterorl.loop.recorder import RunRecorder
@@ -292,6 +292,7 @@ def serve_learner(
     wall_start = time.monotonic()
     host, port = parse_listen(listen)
     check_live_config(cfg)
+    checked_model_path(cfg)
     if run_dir is None:
         if resume:
             raise LiveSetupError("--resume needs --run-dir")

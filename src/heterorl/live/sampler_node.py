@@ -26,7 +26,7 @@ from typing import Any
 
 from heterorl.config import RunConfig
 from heterorl.eventlog import EventLog
-from heterorl.live.preflight import LiveSetupError, check_live_config, check_node_index
+from heterorl.live.preflight import LiveSetupError, check_live_config, check_node_index, check_url
 from heterorl.loop.build import build_sampler, configure_torch, sampler_seed
 from heterorl.loop.intake import ACKED, body_digest
 from heterorl.loop.sampler_loop import SamplerWorker
@@ -220,6 +220,7 @@ def run_sampler(cfg: RunConfig, connect: str, index: int = 0) -> dict[str, Any]:
     """Run sampler node `index` of `cfg` against the learner at `connect` until the run is finished."""
     check_live_config(cfg)
     check_node_index(cfg, index)
+    check_url(connect)
     token = configured_token(cfg.live)
     if token is None:
         raise LiveSetupError(f"no token: set ${cfg.live.token_env} (or live.token_file) to the learner's token")

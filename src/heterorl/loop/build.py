@@ -7,11 +7,12 @@ setting cannot mean one thing under one clock and another under the other.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from heterorl.config import RunConfig
+from heterorl.config import ConfigError, RunConfig
 from heterorl.engines.base import EngineError, RolloutEngine
 from heterorl.learner import Learner
 from heterorl.lora import apply_lora
@@ -38,10 +39,20 @@ def node_name(cfg: RunConfig, index: int) -> str:
     return cfg.cluster.samplers[index].name or f"sampler-{index}"
 
 
+def checked_model_path(cfg: RunConfig) -> str | None:
+    """`model.path` when set, after checking that it is a transformers checkpoint on this host."""
+    path = cfg.model.path
+    if path is not None and not (Path(path).expanduser() / "config.json").is_file():
+        where = "does not exist" if not Path(path).expanduser().exists() else "has no config.json"
+        raise ConfigError(f"model.path {path!r} {where}: it must be a transformers checkpoint directory on this host")
+    return path
+
+
 def resolve_base_model(cfg: RunConfig, show_progress: bool = True) -> tuple[str, dict[str, Any]]:
     """`model.path`, or the cached warm start built from the config (and how it was built)."""
-    if cfg.model.path is not None:
-        return cfg.model.path, {}
+    path = checked_model_path(cfg)
+    if path is not None:
+        return path, {}
     result = ensure_base_model(cfg, show_progress=show_progress)
     info = {"steps": result.steps, "val_accuracy": result.val_accuracy, "state_hash": result.state_hash}
     return result.path, {**info, "threads": result.threads}
@@ -68,7 +79,7 @@ def sampler_policy(cfg: RunConfig, base: str | None) -> Policy:
     dtype = getattr(torch, cfg.model.dtype)
     adapters = cfg.model.lora is not None and cfg.model.lora.publish == "adapter"
     if base is None and (adapters or cfg.model.path is not None):
-        base = cfg.model.path or resolve_base_model(cfg, show_progress=False)[0]
+        base = checked_model_path(cfg) or resolve_base_model(cfg, show_progress=False)[0]
     if base is None:
         built = Policy.from_config(cfg.model, seed=cfg.seed)
         policy = Policy(built.model.to(dtype), built.tokenizer, device, cfg.task.chat_template)
