@@ -13,10 +13,19 @@ import pytest
 from conftest import tiny_config
 from heterorl.config import config_to_yaml
 from heterorl.eventlog import EventLog, read_events
+from heterorl.failpoints import ENV as FAILPOINT_ENV
 from heterorl.live.learner_node import _check_run_dir, open_learner, run_dir_lock
 from heterorl.live.preflight import LiveSetupError
-from heterorl.loop.journal import Journal
+from heterorl.loop.journal import Journal, read_segment, segment_indices
+from heterorl.rollout_codec import GroupLimits, decode_group
 from live.test_processes import Processes, acked, processes, state_group_ids, status, wait_until  # noqa: F401
+
+ANY = GroupLimits(vocab_size=2**31 - 1, current_version=2**31 - 1)
+
+
+def journal_payloads(run: Path) -> list[bytes]:
+    journal = run / "live" / "journal"
+    return [m for i in segment_indices(journal) for m in read_segment(journal / f"{i:08d}.journal")]
 
 
 def trained_lineage(*logs: Path) -> dict[int, list[str]]:
@@ -31,8 +40,13 @@ def trained_lineage(*logs: Path) -> dict[int, list[str]]:
     return lineage
 
 
+@pytest.mark.parametrize(
+    "failpoint",
+    [None, "journal.appended:6"],
+    ids=["killed from outside after two steps", "killed between a journal append and its acknowledgement"],
+)
 def test_a_learner_killed_before_its_first_periodic_checkpoint_resumes(
-    tmp_path: Path, tiny_model_dir: Path, request: pytest.FixtureRequest
+    tmp_path: Path, tiny_model_dir: Path, request: pytest.FixtureRequest, failpoint: str | None
 ) -> None:
     cfg = tiny_config(
         tiny_model_dir,
@@ -49,15 +63,23 @@ def test_a_learner_killed_before_its_first_periodic_checkpoint_resumes(
     config.write_text(config_to_yaml(cfg))
     address = run / "live" / "learner.json"
     procs: Processes = request.getfixturevalue("processes")
+    env = procs.env
+    procs.env = {**env, FAILPOINT_ENV: failpoint} if failpoint else env
     learner = procs.start("learner-1", "learner", str(config), "--listen", "127.0.0.1:0", "--run-dir", str(run))
+    procs.env = env
     procs.start("a-1", "sampler", str(config), "--connect-file", str(address), "--index", "0")
     wait_until(address.is_file, procs, 120, "the learner to listen")
     url = json.loads(address.read_text())["url"]
-    wait_until(lambda: status(url).get("steps", 0) >= 2, procs, 120, "two steps")
-    learner.kill()
-    learner.wait()
+    if failpoint is None:
+        wait_until(lambda: status(url).get("steps", 0) >= 2, procs, 120, "two steps")
+        learner.kill()
+    assert learner.wait(timeout=120) == -9
     acked_before = acked(procs, "a-1")
-    assert len(acked_before) >= 8  # two batches of 4 at least were acknowledged, none checkpointed since v0
+    assert len(acked_before) >= 5  # acknowledged, none in a state after version 0
+    journaled = {decode_group(m, ANY).group_id for m in journal_payloads(run)}
+    assert acked_before <= journaled  # what the learner answered 200 to was in the journal
+    if failpoint:
+        assert len(journaled - acked_before) == 1  # journaled, then killed before the answer went out
 
     listen = "127.0.0.1:" + url.rsplit(":", 1)[1]
     resumed = procs.start("learner-2", "learner", str(config), "--listen", listen, "--run-dir", str(run), "--resume")
@@ -72,7 +94,7 @@ def test_a_learner_killed_before_its_first_periodic_checkpoint_resumes(
     assert sorted(lineage) == list(range(1, 7))
     trained = [gid for groups in lineage.values() for gid in groups]
     assert len(trained) == len(set(trained))  # none trained twice in the run's history
-    assert acked_before <= set(trained) | queued
+    assert journaled <= set(trained) | queued
 
 
 def test_a_learner_killed_before_it_listened_starts_afresh(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from heterorl import failpoints
 from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.eventlog import EventLog
@@ -97,6 +98,7 @@ class LiveLearner:
                 continue
             began = time.monotonic()
             result = loop.train(taken)
+            failpoints.hit("step.trained")  # trained in memory, not published or recorded
             try:
                 loop.commit(result, busy_seconds=time.monotonic() - began)
             except TrainingDivergedError as err:
@@ -108,6 +110,7 @@ class LiveLearner:
             self.events.emit("trained", version=loop.learner.version, groups=ids)
             if result.stats.get("opt/skipped_updates"):
                 self.events.emit("skipped_step", version=loop.learner.version, groups=len(taken.groups))
+            failpoints.hit("step.committed")  # published and recorded, before any checkpoint
             if (loop.learner.version % every == 0 or self.checkpoint_failed) and not loop.done:
                 self.try_checkpoint()
         if loop.done:

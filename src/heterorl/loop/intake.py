@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from heterorl import failpoints
 from heterorl.frictions import KINDS as FRICTION_KINDS
 from heterorl.loop.journal import Journal
 from heterorl.loop.staleness import RolloutBuffer
@@ -188,6 +189,7 @@ class Intake:
                 except OSError as err:  # disk full or failing: not durable, so not acknowledged (no trace left)
                     self.counters.rejected["disk_full"] += 1
                     return Verdict(507, "disk_full", gid, f"the learner cannot store it now: {err.strerror}")
+                failpoints.hit("journal.appended")  # durable, not yet acknowledged
             self.buffer.add(group)
             self.payloads[gid] = body
             self.counters.accepted += 1

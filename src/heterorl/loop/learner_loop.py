@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from heterorl import failpoints
 from heterorl.config import RunConfig
 from heterorl.frictions import KINDS as FRICTION_KINDS
 from heterorl.frictions import frictions_active
@@ -258,6 +259,7 @@ class LearnerLoop:
         OSError (disk full) with the previous state and the journal intact: the caller may try again later."""
         self.recorder.metrics.flush()  # the state's metrics_bytes must cover every step it holds
         queue, consumed, segment = self.intake.checkpoint_view()
+        failpoints.hit("checkpoint.rotated")  # a new journal segment, no state for it yet
         buffer = self.intake.buffer
         ids = sorted(consumed)
         extra = {

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from heterorl import failpoints
 from heterorl.learner import Learner
 from heterorl.loop.journal import frame, fsync_path, parse_records
 
@@ -183,8 +184,10 @@ def save_learner_state(learner: Learner, root: str | Path, *, queue: list[bytes]
     except OSError:  # disk full: leave nothing half-written behind; the previous state is intact
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    failpoints.hit("state.written")  # complete, not yet renamed into place
     tmp.rename(final)
     fsync_path(root)
+    failpoints.hit("state.renamed")  # two states on disk, the journal not pruned yet
     for _, old in existing:
         shutil.rmtree(old, ignore_errors=True)
     return final
