@@ -17,8 +17,9 @@ from heterorl.failpoints import ENV as FAILPOINT_ENV
 from heterorl.live.learner_node import _check_run_dir, open_learner, run_dir_lock
 from heterorl.live.preflight import LiveSetupError
 from heterorl.loop.journal import Journal, read_segment, segment_indices
-from heterorl.rollout_codec import GroupLimits, decode_group
+from heterorl.rollout_codec import GroupLimits, decode_group, encode_group
 from live.test_processes import Processes, acked, processes, state_group_ids, status, wait_until  # noqa: F401
+from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401
 
 ANY = GroupLimits(vocab_size=2**31 - 1, current_version=2**31 - 1)
 
@@ -124,3 +125,23 @@ def test_one_learner_per_run_directory(tmp_path: Path) -> None:
         pass
     with run_dir_lock(tmp_path):  # released with its holder
         pass
+
+
+@pytest.mark.usefixtures("varied_reward")
+def test_no_group_is_acknowledged_after_the_final_state(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A POST that arrives while the learner writes its final state is told the run is finished (410), not
+    acknowledged into a journal segment that no state or training step will ever read."""
+    live = make_live(tmp_path / "run", tiny_model_dir, REWARD, "learner.steps=1")
+    groups = sample_groups(live, tiny_model_dir, 5)
+    for g in groups[:4]:
+        assert live.loop.offer(encode_group(g)).outcome == "accepted"
+    checkpoint, late = live.checkpoint, []
+
+    def checkpoint_while_a_post_arrives() -> Path:
+        late.append(live.loop.offer(encode_group(groups[4])))
+        return checkpoint()
+
+    live.checkpoint = checkpoint_while_a_post_arrives  # type: ignore[method-assign]
+    live.train()
+    assert [(v.status, v.outcome) for v in late] == [(410, "finished")]
+    assert groups[4].group_id not in live.loop.intake.payloads

@@ -115,6 +115,8 @@ class LiveLearner:
                 self.try_checkpoint()
         if loop.done:
             self.finished = True
+            with loop.intake.cond:  # from now on POSTs get 410: the final state holds every acknowledged group
+                loop.intake.finished = True
             self.notify()  # long-polls answer 410 now
             self.persist(self.checkpoint)  # the final state: every accepted group is consumed or queued
             self.summary = self.persist(loop.finish)

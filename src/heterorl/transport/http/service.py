@@ -258,10 +258,12 @@ def _url(host: str, port: int) -> str:
 
 
 async def _linger(live: LearnerEndpoint) -> None:
-    """After the last step, answer until every connected sampler has been told (410), at most `linger_s`."""
+    """After the last step, answer until every sampler of the run has been told (410), at most `linger_s`. Every
+    configured one, not only those heard from lately: after a resume the run may end before a sampler retrying in
+    its backoff has reconnected, and it would then retry until `patience_s`."""
     deadline = time.monotonic() + live.cfg.live.linger_s
     while time.monotonic() < deadline:
-        if set(live.loop.peers.connected(live.cfg.live.connected_seconds)) <= live.told_finished:
+        if live.loop.peers.names <= live.told_finished:
             return
         await asyncio.sleep(0.05)
 
