@@ -4,6 +4,7 @@ torn tail, and a learner rebuilt from state + journal holds every acknowledged g
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from heterorl.eventlog import EventLog
 from heterorl.live.learner_node import LiveLearner, open_learner
+from heterorl.live.preflight import LiveSetupError
 from heterorl.loop.build import build_learner
 from heterorl.loop.journal import Journal, read_segment, segment_indices
 from heterorl.loop.state import latest_state, restore_learner_state, save_learner_state
@@ -165,3 +167,13 @@ def test_a_resumed_learner_keeps_its_base_and_kl_reference(tmp_path: Path, tiny_
     original = dict(learner.policy.model.named_parameters())
     for name, p in copy.policy.model.named_parameters():
         assert torch.equal(p, original[name]), name
+
+
+def test_a_state_of_another_format_is_one_clear_error(tmp_path: Path, tiny_model_dir: Path) -> None:
+    live = make_live(tmp_path / "run", tiny_model_dir, REWARD)
+    path = live.checkpoint()
+    meta = json.loads((path / "state.json").read_text())
+    (path / "state.json").write_text(json.dumps({**meta, "format": 1}))  # written by an older heterorl
+    live.loop.intake.journal.close()
+    with pytest.raises(LiveSetupError, match=r"--resume: .*state format 1"):
+        resume_live(live)

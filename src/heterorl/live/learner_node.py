@@ -264,7 +264,10 @@ def open_learner(
         if path is None:
             raise LiveSetupError(f"--resume: no learner state under {run_dir / 'live' / 'state'}")
         learner = build_learner(cfg, base)  # as first built: frozen parts and the KL reference are the base's
-        saved = restore_learner_state(learner, path)
+        try:
+            saved = restore_learner_state(learner, path)
+        except ValueError as err:  # another format, or weights of another model: a setup mistake, not a crash
+            raise LiveSetupError(f"--resume: {err}") from None
         _truncate(run_dir / "metrics.jsonl", int(saved.extra["metrics_bytes"]))
     else:
         learner = build_learner(cfg, base)
