@@ -11,6 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from conftest import DATA, capture_records, math_config
+from heterorl.errors import PathNotFoundError
 from heterorl.loop.build import build_sampler
 from heterorl.run import build_simulated, execute
 from heterorl.weights import load_snapshot
@@ -110,7 +111,7 @@ def test_lora_checkpoint_is_merged_and_keeps_the_adapter(qwen_dir: Path, reward_
 
 def test_missing_model_path_is_a_clear_error(tmp_path: Path) -> None:
     cfg = math_config(tmp_path / "no-such-model")
-    with pytest.raises(FileNotFoundError, match="no-such-model"):
+    with pytest.raises(PathNotFoundError, match=r"no-such-model.* is not a transformers checkpoint"):
         execute(cfg, tmp_path / "run", show_progress=False)
 
 

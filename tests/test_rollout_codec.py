@@ -77,13 +77,27 @@ def test_corruption_never_crashes_and_never_passes_invalid_content() -> None:
     [
         (lambda g: g.completion_ids_GL.__setitem__((0, 0), 46), "vocabulary"),
         (lambda g: g.prompt_ids_P.__setitem__(0, -1), "vocabulary"),
-        (lambda g: g.behavior_logp_GL.__setitem__((0, 0), float("nan")), "finite"),
-        (lambda g: g.behavior_logp_GL.__setitem__((0, 0), float("-inf")), "finite"),
-        (lambda g: g.behavior_logp_GL.__setitem__((0, 0), 0.5), "<= 0"),
+        (lambda g: g.behavior_logp_GL.__setitem__((0, 0), float("nan")), r"log-probs must be in \[-104, 0\]"),
+        (lambda g: g.behavior_logp_GL.__setitem__((0, 0), float("-inf")), r"log-probs must be in \[-104, 0\]"),
+        (lambda g: g.behavior_logp_GL.__setitem__((0, 0), -105.0), r"log-probs must be in \[-104, 0\]"),
+        (lambda g: g.behavior_logp_GL.__setitem__((0, 0), 0.5), r"log-probs must be in \[-104, 0\]"),
         (lambda g: g.version_GL.__setitem__((0, 0), 11), "not in"),
         (lambda g: g.rewards_G.__setitem__(0, float("inf")), "rewards"),
+        (lambda g: g.rewards_G.__setitem__(0, float("nan")), "rewards"),
+        (lambda g: g.rewards_G.__setitem__(0, -2e4), "rewards"),
     ],
-    ids=["oov-completion", "oov-prompt", "nan-logp", "inf-logp", "positive-logp", "future-version", "inf-reward"],
+    ids=[
+        "oov-completion",
+        "oov-prompt",
+        "nan-logp",
+        "inf-logp",
+        "logp-below-float32-sampling",
+        "positive-logp",
+        "future-version",
+        "inf-reward",
+        "nan-reward",
+        "reward-out-of-bounds",
+    ],
 )
 def test_invalid_content_is_rejected(mutate, message: str) -> None:
     group = make_group()

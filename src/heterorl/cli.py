@@ -150,20 +150,22 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 
 @contextmanager
 def _live_errors() -> Iterator[None]:
-    """Live-mode failures a user can act on (setup, token, unreachable learner, ranks, Ray) print in red, exit 1."""
+    """Failures a user can act on (live setup, token, unreachable learner, ranks, Ray, the store, a diverged
+    learner) print in red and exit 1."""
     from heterorl.launch.errors import LaunchError
     from heterorl.live.launcher import LiveRunError
     from heterorl.live.preflight import LiveSetupError
     from heterorl.loop.distributed import DistributedSetupError
+    from heterorl.loop.learner_loop import TrainingDivergedError
     from heterorl.transport.http.auth import TokenError
     from heterorl.transport.http.client import AuthError, LearnerUnreachableError
     from heterorl.transport.store.objects import StoreSetupError
     from heterorl.transport.store.source import StoreUnreachableError
 
-    failures = (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError)
+    failures = (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError, TrainingDivergedError)
     try:
         yield
-    except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError) as exc:
+    except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError, ConfigError) as exc:
         typer.secho(f"{type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1) from None
 

@@ -21,14 +21,18 @@ class EventLog:
     def __init__(self, stream: TextIO | None = None, **context: Any) -> None:
         self.stream = stream
         self.context = context
+        self.dropped = 0  # lines the stream refused (a full disk): logging must never stop the process
         self._lock = threading.Lock()  # the training thread and the event loop both log
 
     def emit(self, event: str, **fields: Any) -> None:
         line = json.dumps({"event": event, "t": round(time.time(), 3), **self.context, **fields}, sort_keys=True)
         stream = self.stream or sys.stdout
         with self._lock:
-            stream.write(line + "\n")
-            stream.flush()
+            try:
+                stream.write(line + "\n")
+                stream.flush()
+            except OSError:
+                self.dropped += 1
 
 
 def read_events(path: str | Path, event: str | None = None) -> list[dict[str, Any]]:

@@ -147,6 +147,9 @@ class Learner:
         The batch is split into `updates_per_batch` minibatches (one optimizer step each), each minibatch into
         micro-batches under `micro_batch_tokens` whose gradients accumulate exactly (heterorl.microbatch); with
         several processes, into this process's micro-batches of the global minibatch (heterorl.sharding).
+        An optimizer step whose gradient norm is not finite is skipped (`opt/skipped_updates`), whatever caused
+        it: one inf or NaN would otherwise spread to every weight and to every sampler. The norm is global, so
+        every rank of a multi-process learner skips the same steps.
         """
         shard = self.shard
         groups = shard.begin_step(groups)
@@ -155,6 +158,7 @@ class Learner:
         adv_B = group_advantages(rewards_B, batch.group_index_B, normalize=self.objective.normalize_advantages)
         prox_logp_BL = self._prox_logp(batch, loss_mask_BL) if self.objective.needs_prox_logp else None
         acc = StatsAccumulator()
+        skipped = 0  # optimizer steps whose gradient norm was not finite
         chunks = torch.arange(len(groups)).chunk(self.cfg.updates_per_batch)
         for chunk in chunks:
             rows_B = torch.isin(batch.group_index_B, chunk.to(batch.group_index_B.device)).nonzero().squeeze(-1)
@@ -169,12 +173,15 @@ class Learner:
                 acc.add(stats, weight=share / len(chunks))
             grad_norm = shard.clip_grad_norm(self.trainable, self.cfg.grad_clip)
             acc.add({"opt/lr": self.scheduler.get_last_lr()[0], "opt/grad_norm": grad_norm}, 1 / len(chunks))
+            if not math.isfinite(grad_norm):  # never apply inf/NaN: weights and AdamW's moments stay as they are
+                skipped += 1
+                continue
             self.optimizer.step()
             self.scheduler.step()
         shard.end_step()
         acc = shard.reduce_stats(acc)
         self.version += 1
-        stats = {**acc.result(), **shaping_stats}
+        stats = {**acc.result(), **shaping_stats, "opt/skipped_updates": float(skipped)}
         rewards = batch.rewards_B.float()  # the verifier's rewards, before any shaping
         stats.update(
             {

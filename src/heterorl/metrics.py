@@ -7,8 +7,12 @@ Keys are namespaced: `reward/`, `eval/`, `obj/` (the objective's statistics), `o
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
+import os
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +29,51 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Appends one JSON object per record to `metrics.jsonl`, flushed at once so a crash loses nothing."""
+    """Appends one JSON object per record to `metrics.jsonl`, written at once so a crash loses nothing.
+
+    A record the disk refuses (full) stays in memory, in order, and is written before the next one, or by
+    `flush`, which a learner calls before it saves a state (that state must not claim records the file lacks);
+    a failed write is cut back, so the file only ever holds whole lines.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = self.path.open("ab", buffering=0)
+        self._pending: deque[bytes] = deque()
 
     def log(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(_clean(record), sort_keys=True) + "\n")
-        self._file.flush()
+        self._pending.append((json.dumps(_clean(record), sort_keys=True) + "\n").encode())
+        with contextlib.suppress(OSError):  # disk full: kept, written with the next record or by flush()
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the records kept back; raises OSError (keeping them) if the disk still refuses."""
+        while self._pending:
+            line = memoryview(self._pending[0])
+            start = self._file.seek(0, os.SEEK_END)
+            try:
+                while line:
+                    written = self._file.write(line)
+                    if not written:
+                        raise OSError(errno.EIO, "metrics.jsonl accepted no bytes")
+                    line = line[written:]
+            except OSError:
+                with contextlib.suppress(OSError):
+                    self._file.truncate(start)
+                raise
+            self._pending.popleft()
+
+    @property
+    def pending(self) -> int:
+        """Records not yet on disk."""
+        return len(self._pending)
 
     def close(self) -> None:
+        if self._file.closed:
+            return
+        with contextlib.suppress(OSError):
+            self.flush()
         self._file.close()
 
     def __enter__(self) -> MetricsWriter:

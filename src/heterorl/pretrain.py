@@ -3,7 +3,12 @@
 RL post-training needs a policy that sometimes succeeds (otherwise every group has equal rewards and zero
 advantage). Training stops as soon as greedy accuracy on a validation set drawn from the training stream
 reaches `pretrain.target_accuracy`, which makes the base model's competence a setting rather than an accident.
-The result is cached under a key of everything that determines it, so the demo builds it once.
+The result is cached under a key of everything that determines it, so the demo builds it once: the config's
+seed, model, task, pretrain settings and `runtime.threads`, which pretraining applies itself (float reductions
+split by thread, so another thread count gives other weights). `pretrain.json` records the weights' state hash,
+so two machines can check they hold the same base model; on one machine it does not depend on OMP_NUM_THREADS
+or the caller's thread settings. Across machines it can still differ where torch's kernels do (another torch
+build or CPU instruction set): compare the hashes.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -23,6 +30,7 @@ from heterorl.evaluate import greedy_accuracy
 from heterorl.policy import Policy
 from heterorl.tasks import Task, make_task
 from heterorl.tokenizer import CHARACTERS
+from heterorl.weights import state_hash
 
 CACHE_FORMAT = 1
 
@@ -33,6 +41,8 @@ class PretrainResult:
     steps: int
     val_accuracy: float
     cached: bool = False
+    state_hash: str = ""  # of the saved fp32 weights: equal hashes, identical base models
+    threads: int | None = None  # torch threads it was trained with
 
 
 def cache_dir() -> Path:
@@ -49,6 +59,7 @@ def base_model_key(cfg: RunConfig) -> str:
         "task": cfg.task.model_dump(),
         "pretrain": cfg.pretrain.model_dump(),
         "max_new_tokens": cfg.sampler.max_new_tokens,
+        "threads": cfg.runtime.threads,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -71,10 +82,28 @@ def supervised_loss(policy: Policy, prompts: list[str], answers: list[str]) -> t
     return -(logp.sum() / mask.sum())
 
 
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run a block with `threads` torch threads (None: as they are), restoring the caller's count after."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def pretrain(cfg: RunConfig, out_dir: str | Path, show_progress: bool = True) -> PretrainResult:
-    """Train from scratch until validation greedy accuracy reaches the target (or max_steps); save to out_dir."""
+    """Train from scratch until validation greedy accuracy reaches the target (or max_steps); save to out_dir.
+    Runs with `runtime.threads` torch threads whoever calls it (the weights depend on the thread count)."""
     if cfg.model.path is not None:
         raise ValueError("pretrain builds a model from model.arch; unset model.path")
+    with torch_threads(cfg.runtime.threads):
+        return _pretrain(cfg, Path(out_dir), show_progress)
+
+
+def _pretrain(cfg: RunConfig, out: Path, show_progress: bool) -> PretrainResult:
     pc = cfg.pretrain
     task: Task = make_task(cfg.task)
     policy = Policy.from_config(cfg.model, seed=cfg.seed)
@@ -99,12 +128,12 @@ def pretrain(cfg: RunConfig, out_dir: str | Path, show_progress: bool = True) ->
                 bar.advance(0, acc=accuracy)
                 if accuracy >= pc.target_accuracy:
                     break
-    out = Path(out_dir)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     policy.save(tmp)
-    result = PretrainResult(path=str(out), steps=step, val_accuracy=accuracy)
+    weights = dict(policy.model.named_parameters())
+    result = PretrainResult(str(out), step, accuracy, state_hash=state_hash(weights), threads=torch.get_num_threads())
     (tmp / "pretrain.json").write_text(json.dumps(asdict(result), indent=2))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)  # atomic publication of a complete checkpoint

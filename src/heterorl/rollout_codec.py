@@ -8,9 +8,15 @@ Layout (little-endian):
 
 The completion mask is not sent: it is the prefix of `lengths[i]` tokens of each row (what a sampler produces).
 `decode_group` checks the framing (magic, lengths, JSON, declared shapes against the byte count), then the content
-with `validate_group`: token ids inside the vocabulary, lengths within limits, log-probs finite and <= 0 on
-sampled tokens, versions not from the future, group size, rewards finite. Anything wrong raises `RolloutError`
-with a message saying what; a receiver counts it and carries on.
+with `validate_group`: token ids inside the vocabulary, lengths within limits, log-probs on sampled tokens in
+[`min_logprob`, 0], versions not from the future, group size, rewards within [`min_reward`, `max_reward`], text
+fields of bounded length. Anything wrong raises `RolloutError` with a message saying what; a receiver counts it
+and carries on.
+
+Finite is not enough for a learner: one behaviour log-prob of -1e4 makes an importance ratio exp(1e4) = inf, and
+rewards of 3e38 overflow the advantage's mean, and either turns every weight into NaN at the next step. The
+log-prob floor is what a sampler can emit: it samples from float32 probabilities, and below log(2^-150) ~ -103.97
+a float32 probability is exactly 0, a token that is never drawn (`learner.min_behavior_logprob`, default -104).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from heterorl.rollout import RolloutGroup
 MAGIC = b"HRG1"
 MAX_HEADER_BYTES = 1 << 16
 MAX_INFO_KEYS = 16
+MAX_ANSWER_CHARS = 4096
+MAX_PROMPT_CHARS_PER_TOKEN = 64  # a prompt text is re-tokenized to its ids, so it cannot be much longer than them
 _INFO_KEY = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
@@ -50,6 +58,20 @@ class GroupLimits:
     max_prompt_tokens: int = 4096
     max_completion_tokens: int = 4096
     max_total_tokens: int = 8192  # prompt + completion: the model's context (position embeddings)
+    min_logprob: float = -104.0  # below log(2^-150) a float32 probability is 0: never sampled
+    min_reward: float = -1e4
+    max_reward: float = 1e4
+
+
+def max_message_bytes(limits: GroupLimits) -> int | None:
+    """The largest message `decode_group` can accept under `limits` (None when the group size is open): a body
+    bound tighter than any configured one, so a peer cannot make the learner buffer more than a real group."""
+    if limits.group_size is None:
+        return None
+    G = limits.group_size
+    L = max(0, min(limits.max_completion_tokens, limits.max_total_tokens - 1))
+    P = max(1, min(limits.max_prompt_tokens, limits.max_total_tokens - L))
+    return len(MAGIC) + 4 + MAX_HEADER_BYTES + 4 * (P + 3 * G * L + 2 * G)
 
 
 def encode_group(group: RolloutGroup) -> bytes:
@@ -120,6 +142,8 @@ def decode_group(data: bytes, limits: GroupLimits) -> RolloutGroup:
     P, G, L = header["P"], header["G"], header["L"]
     if max(P - limits.max_prompt_tokens, L - limits.max_completion_tokens, P + L - limits.max_total_tokens) > 0:
         raise RolloutError(f"prompt {P} / completion {L} tokens exceed the limits", "too_long")
+    if len(header["prompt"]) > MAX_PROMPT_CHARS_PER_TOKEN * max(P, 1) or len(header["answer"]) > MAX_ANSWER_CHARS:
+        raise RolloutError(f"prompt of {len(header['prompt'])} characters for {P} tokens, or a long answer", "too_long")
     specs = _array_specs(P, G, L)
     expected = offset + sum(int(np.prod(shape)) * 4 for _, _, shape in specs)
     if len(data) != expected:
@@ -166,13 +190,17 @@ def validate_group(group: RolloutGroup, limits: GroupLimits) -> None:
             raise RolloutError(f"{name} token id outside the vocabulary [0, {limits.vocab_size})", "out_of_vocab")
     mask = group.completion_mask_GL.bool()
     logp = group.behavior_logp_GL[mask]
-    if not torch.isfinite(logp).all() or (logp > 0).any():
-        raise RolloutError("behaviour log-probs must be finite and <= 0 on sampled tokens", "bad_logprobs")
+    if not ((logp >= limits.min_logprob) & (logp <= 0)).all():  # NaN fails both comparisons
+        raise RolloutError(
+            f"behaviour log-probs must be in [{limits.min_logprob:g}, 0] on sampled tokens (what a sampler can emit)",
+            "bad_logprobs",
+        )
     versions = group.version_GL[mask]
     if versions.numel() and (versions.min() < 0 or versions.max() > limits.current_version):
         low, high = int(versions.min()), int(versions.max())
         raise RolloutError(
             f"token versions in [{low}, {high}] are not in [0, {limits.current_version}]", "future_version"
         )
-    if not torch.isfinite(group.rewards_G).all():
-        raise RolloutError("rewards must be finite", "bad_rewards")
+    rewards = group.rewards_G
+    if not ((rewards >= limits.min_reward) & (rewards <= limits.max_reward)).all():
+        raise RolloutError(f"rewards must be in [{limits.min_reward:g}, {limits.max_reward:g}]", "bad_rewards")

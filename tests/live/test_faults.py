@@ -91,7 +91,7 @@ def test_a_sampler_over_a_faulty_link_still_trains_the_learner(tmp_path: Path, t
     after = [e for e in weights[refused[0] + 1 :] if e["ok"]]
     assert after[0]["kind"] == "snapshot"  # the receiver asked for a snapshot after the refusal
     pushed = [e["group_id"] for e in events_of(sampler_log, "pushed") if e["outcome"] in ("accepted", "duplicate")]
-    assert set(pushed) <= live.loop.intake.consumed | set(live.loop.intake.payloads)
+    assert set(pushed) <= set(live.loop.intake.consumed) | set(live.loop.intake.payloads)
 
 
 def test_link_emulation_flips_exactly_one_byte_and_drops() -> None:

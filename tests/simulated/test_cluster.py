@@ -303,3 +303,13 @@ def test_weight_link_faults_are_survived_through_snapshots_and_counted(tmp_path:
     for seen in kinds:  # a refusal makes the sampler ask for a snapshot (patches already on the way may land first)
         if "refused" in seen and any(k.startswith("ok:") for k in seen[seen.index("refused") + 1 :]):
             assert "ok:snapshot" in seen[seen.index("refused") + 1 :], seen
+
+
+def test_a_learner_that_refuses_every_group_stops_the_simulation_loudly(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """In virtual time nothing else would end such a run: it would generate forever."""
+    from heterorl.loop.intake import Verdict
+
+    cluster, _ = build(tmp_path, tiny_model_dir, "learner.steps=2")
+    cluster.loop.offer = lambda payload, digest=None: Verdict(422, "invalid", detail="refused for the test")
+    with pytest.raises(RuntimeError, match=r"refused the last 256 groups .*invalid 422: refused for the test"):
+        cluster.run()

@@ -182,7 +182,7 @@ def test_weights_route_serves_updates_a_receiver_verifies(tmp_path: Path, tiny_m
             assert first.kind == "snapshot"
             assert receiver.apply(first)
             assert (receiver.version, receiver.state_hash) == (0, live.loop.store.latest_hash)
-            held = {"version": "0", "hash": receiver.state_hash, "wait": "0", "sampler": "s0", "idle": "0.5"}
+            held = {"version": "0", "hash": receiver.state_hash, "wait": "0", "sampler": "sampler-0", "idle": "0.5"}
             r = await client.get("/v1/weights", params=held, headers=AUTH)
             assert r.status == 204
             # a long-poll is answered as soon as the next version is published
@@ -199,7 +199,9 @@ def test_weights_route_serves_updates_a_receiver_verifies(tmp_path: Path, tiny_m
             # a corrupted patch is refused and leaves the weights as they were; the next update is a snapshot
             broken = bytearray(update.patch or b"")
             broken[len(broken) // 2] ^= 0xFF
-            damaged = decode_update(encode_update(type(update)(**{**vars(update), "patch": bytes(broken)})))
+            damaged = type(update)(**{**vars(update), "patch": bytes(broken)})
+            with pytest.raises(EnvelopeError, match="checksum"):  # refused on the wire already
+                decode_update(encode_update(damaged))
             before = {k: v.clone() for k, v in (receiver.weights or {}).items()}
             assert not receiver.apply(damaged)
             assert all(torch.equal(before[k], v) for k, v in (receiver.weights or {}).items())
@@ -211,14 +213,48 @@ def test_weights_route_serves_updates_a_receiver_verifies(tmp_path: Path, tiny_m
             assert (receiver.version, receiver.state_hash) == (1, live.loop.store.latest_hash)
 
     asyncio.run(scenario())
-    assert live.loop.peers.snapshot()["s0"].idle == 0.5
+    assert live.loop.peers.snapshot()["sampler-0"].idle == 0.5
 
 
 def test_envelope_rejects_damaged_framing() -> None:
-    from heterorl.weights import Update
+    from heterorl.weights import WeightStore
 
-    body = encode_update(Update(version=3, state_hash="ab" * 16, base_version=2, patch=b"p" * 10))
-    assert decode_update(body).patch == b"p" * 10
+    store = WeightStore.from_config(tiny_config(Path("unused"), "weights.codec=pulse").weights)
+    weights = {"w": torch.arange(64, dtype=torch.float32).to(torch.bfloat16)}
+    held = store.publish(2, weights).state_hash
+    store.publish(3, {"w": weights["w"] + 1})
+    update = store.update_for(2, held)
+    body = encode_update(update)
+    assert decode_update(body).patch == update.patch
     for bad in (body[:-1], body + b"x", b"XXXXXXXX" + body[8:], body[:13] + b"!" + body[14:]):
         with pytest.raises(EnvelopeError):
             decode_update(bad)
+
+
+def test_envelope_header_must_agree_with_its_blobs() -> None:
+    """A header that promises another version, hash or base than the blobs carry is refused before any apply."""
+    from heterorl.framing import frame
+    from heterorl.weights import WeightStore
+    from heterorl.weights.envelope import MAGIC
+
+    store = WeightStore.from_config(tiny_config(Path("unused"), "weights.codec=pulse").weights)
+    weights = {"w": torch.arange(64, dtype=torch.float32).to(torch.bfloat16)}
+    hashes = [store.publish(v, {"w": weights["w"] + v}).state_hash for v in range(3)]
+    patch, snap = store.update_for(1, hashes[1]), store.update_for(None, None)
+    assert (patch.kind, snap.kind) == ("patch", "snapshot")
+    for update in (patch, snap):
+        head = {
+            "version": update.version,
+            "state_hash": update.state_hash,
+            "base_version": update.base_version,
+            "kind": update.kind,
+            "snapshot_nbytes": len(update.snapshot or b""),
+            "patch_nbytes": len(update.patch or b""),
+        }
+        blobs = (update.snapshot or b"") + (update.patch or b"")
+        assert decode_update(frame(MAGIC, head, blobs)).version == 2
+        for lie in ({"version": 3}, {"state_hash": "ab" * 16}, {"base_version": 0}):
+            if update.kind == "snapshot" and "base_version" in lie:
+                continue  # a snapshot update starts nowhere
+            with pytest.raises(EnvelopeError):
+                decode_update(frame(MAGIC, {**head, **lie}, blobs))

@@ -85,6 +85,21 @@ class LiveConfig(Strict):
     poll_seconds: float = Field(
         5.0, ge=0.0, le=300.0, description="Longest long-poll of GET /v1/weights when the sampler is current."
     )
+    header_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        le=3600.0,
+        description="Learner: close a connection without a complete request head (or idle) for this long.",
+    )
+    body_timeout_s: float = Field(
+        300.0, gt=0.0, le=86_400.0, description="Learner: longest upload of one rollout body; slower -> 408."
+    )
+    max_connections: int = Field(
+        256, ge=1, le=100_000, description="Learner: open connections beyond this are refused at once (503)."
+    )
+    max_concurrent_uploads: int = Field(
+        32, ge=1, le=10_000, description="Learner: rollout bodies read at once; more -> 503 busy (bounds memory)."
+    )
     connected_seconds: float = Field(
         30.0, gt=0.0, le=86_400.0, description="A sampler heard from within this many seconds counts as connected."
     )

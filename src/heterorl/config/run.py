@@ -192,7 +192,9 @@ def read_yaml_mapping(path: str | Path, error: type[ValueError] = ConfigError) -
     if not p.is_file():
         raise error(f"file not found: {p}")
     try:
-        loaded = yaml.safe_load(p.read_text())
+        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error(f"{p}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start : exc.start + 1]!r})") from None
     except yaml.YAMLError as exc:
         raise error(f"{p}: not valid YAML ({exc})") from None
     if loaded is not None and not isinstance(loaded, dict):
@@ -207,7 +209,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         loaded = read_yaml_mapping(path)
         # a JSON round trip gives every YAML alias (&anchor / *ref) its own copy, so an override of one
         # list item never silently changes the items that shared the anchor
-        data = json.loads(json.dumps(loaded))
+        try:
+            data = json.loads(json.dumps(loaded))
+        except (ValueError, RecursionError):  # "Circular reference detected", or nested past Python's stack
+            raise ConfigError(f"{path}: a YAML alias refers to the node that contains it (or nests too deep)") from None
     data = apply_overrides(data, overrides or [])
     try:
         return RunConfig.model_validate(data)

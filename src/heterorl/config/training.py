@@ -64,6 +64,27 @@ class LearnerConfig(Strict):
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Decay after warm-up.")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Final lr / peak lr for cosine and linear.")
+    min_behavior_logprob: float = Field(
+        -104.0,
+        ge=-1e4,
+        le=0.0,
+        description="Groups with a sampled token's log-prob below this are refused (bad_logprobs). Default: "
+        "log(2^-150), below which a float32 probability is 0, so no sampler can have drawn the token.",
+    )
+    min_reward: float = Field(-1e4, ge=-1e30, description="Groups with a reward below this are refused (bad_rewards).")
+    max_reward: float = Field(1e4, le=1e30, description="Groups with a reward above this are refused (bad_rewards).")
+    max_skipped_steps: int = Field(
+        10,
+        ge=1,
+        le=1_000_000,
+        description="Stop with an error after this many steps in a row with a non-finite gradient (not applied).",
+    )
+
+    @model_validator(mode="after")
+    def _reward_range(self) -> LearnerConfig:
+        if self.min_reward >= self.max_reward:
+            raise ValueError(f"min_reward {self.min_reward} must be below max_reward {self.max_reward}")
+        return self
 
     @model_validator(mode="after")
     def _minibatches(self) -> LearnerConfig:

@@ -21,7 +21,7 @@ from typing import IO, Any
 from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.live.preflight import check_live_config
-from heterorl.loop.build import resolve_base_model
+from heterorl.loop.build import checked_model_path, resolve_base_model
 from heterorl.loop.recorder import Observer
 from heterorl.loop.run_dir import prepare_run_dir
 from heterorl.transport.http.auth import configured_token, new_token
@@ -137,6 +137,7 @@ def run_live(
     stop, the learner is told to finish (SIGUSR1: last evaluation, checkpoint, summary)."""
     wall_start = time.monotonic()
     check_live_config(cfg)
+    checked_model_path(cfg)
     run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite)
     live_dir = run_dir / "live"
     live_dir.mkdir(exist_ok=True)

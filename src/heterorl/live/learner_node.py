@@ -6,39 +6,61 @@ updates, push groups into `loop.offer`, and ask `loop.admit` before generating w
 
 The run directory is the simulated mode's (config.yaml, metrics.jsonl, summary.json, checkpoint/) plus `live/`:
 `learner.json` (the URL it listens on, for launchers), `state/` (durable learner states), `journal/` (accepted
-groups since the last state). Every `live.checkpoint_every` steps the state is saved; `--resume` continues a
-killed or stopped learner from its newest state plus the journal, so every acknowledged group is either
-consumed (trained or dropped by the window) or queued again.
+groups since the last state), `learner.lock` (held while a learner runs there). The state of version 0 is saved
+before the service listens and then every `live.checkpoint_every` steps; `--resume` continues a killed or stopped
+learner from its newest state plus the journal, so every acknowledged group is either consumed (trained or
+dropped by the window) or queued again, whenever the kill came.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
+import os
+import shutil
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
+from heterorl import failpoints
 from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
 from heterorl.live.transports import check_transport_config, open_learner_store
-from heterorl.loop.build import build_learner, build_task, check_sinks, configure_torch, resolve_base_model
+from heterorl.loop.build import (
+    build_learner,
+    build_task,
+    check_sinks,
+    checked_model_path,
+    configure_torch,
+    resolve_base_model,
+)
 from heterorl.loop.distributed import attach
-from heterorl.loop.journal import Journal, segment_indices
-from heterorl.loop.learner_loop import LearnerLoop, published_stats
+from heterorl.loop.journal import Journal, read_segment, segment_indices
+from heterorl.loop.learner_loop import LearnerLoop, TrainingDivergedError, published_stats
 from heterorl.loop.recorder import RunRecorder
-from heterorl.loop.run_dir import new_run_dir, prepare_run_dir
-from heterorl.loop.state import latest_state, restore_learner_state
+from heterorl.loop.run_dir import RunDirError, holds_run, new_run_dir, prepare_run_dir
+from heterorl.loop.state import (
+    latest_state,
+    read_version_mark,
+    remove_stale_temporaries,
+    restore_learner_state,
+    write_version_mark,
+)
 from heterorl.transport.http.auth import configured_token, new_token
 from heterorl.transport.http.service import serve_app
 
 TAKE_POLL_S = 0.5  # how often a waiting training thread re-checks for a stop request
+PERSIST_MAX_WAIT_S = 30.0  # longest wait between two tries of a write the disk refused
+T = TypeVar("T")
 
 
 class LiveLearner:
@@ -48,12 +70,23 @@ class LiveLearner:
         self.cfg, self.run_dir, self.loop, self.events = cfg, run_dir, loop, events
         self.state_root = run_dir / "live" / "state"
         self.checkpoint_version: int | None = None
+        self.checkpoint_failed = False  # the last periodic checkpoint could not be written (retry next step)
         self.finished = False
         self.told_finished: set[str] = set()  # samplers that were answered 410
         self.summary: dict[str, Any] | None = None
         self.stop = threading.Event()
         self.notify = lambda: None  # set by the service: wakes long-polls (thread-safe)
+        self.served_mark = run_dir / "live" / "served.version"
+        self.marked = read_version_mark(self.served_mark)
         loop.publisher.on_published.append(self._published)
+        loop.before_publish = self._mark_served
+
+    def _mark_served(self, version: int) -> None:
+        """Before a version can be served, make it durable that it was: a learner resumed at an older state then
+        accepts the samplers' groups of that version (it is about to reproduce it) rather than call them forged."""
+        if version > self.marked:
+            self.persist(lambda: write_version_mark(self.served_mark, version, self.cfg.live.fsync))
+            self.marked = version
 
     def _published(self, published: Any) -> None:
         self.events.emit("published", **published_stats(published))
@@ -69,7 +102,8 @@ class LiveLearner:
         self.loop.request_finish()
 
     def train(self) -> None:
-        """The loop's steps on the wall clock until `learner.steps` or a stop request; checkpoints on the way."""
+        """The loop's steps on the wall clock until `learner.steps` or a stop request; checkpoints on the way
+        (a checkpoint the disk refuses is tried again after the next step; training goes on meanwhile)."""
         loop, every = self.loop, self.cfg.live.checkpoint_every
         while not loop.done and not self.stop.is_set():
             taken = loop.take(TAKE_POLL_S)
@@ -77,24 +111,62 @@ class LiveLearner:
                 continue
             began = time.monotonic()
             result = loop.train(taken)
-            loop.commit(result, busy_seconds=time.monotonic() - began)
-            if loop.learner.version % every == 0 and not loop.done:
-                self.checkpoint()
+            failpoints.hit("step.trained")  # trained in memory, not published or recorded
+            try:
+                loop.commit(result, busy_seconds=time.monotonic() - began)
+            except TrainingDivergedError as err:
+                self.persist(self.checkpoint)  # the weights are still finite (nothing applied): resumable once fixed
+                loop.publisher.close()
+                self.events.emit("stopped", version=loop.learner.version, error=str(err))
+                raise
+            ids = [g.group_id for g in taken.groups]  # the audit trail: which groups made which version
+            self.events.emit("trained", version=loop.learner.version, groups=ids)
+            if result.stats.get("opt/skipped_updates"):
+                self.events.emit("skipped_step", version=loop.learner.version, groups=len(taken.groups))
+            failpoints.hit("step.committed")  # published and recorded, before any checkpoint
+            if (loop.learner.version % every == 0 or self.checkpoint_failed) and not loop.done:
+                self.try_checkpoint()
         if loop.done:
             self.finished = True
+            with loop.intake.cond:  # from now on POSTs get 410: the final state holds every acknowledged group
+                loop.intake.finished = True
             self.notify()  # long-polls answer 410 now
-            self.checkpoint()  # the final state: every accepted group is consumed or queued
-            self.summary = loop.finish()
+            self.persist(self.checkpoint)  # the final state: every accepted group is consumed or queued
+            self.summary = self.persist(loop.finish)
             self.events.emit("finished", version=loop.learner.version, elapsed=round(loop.now(), 3))
         else:
-            self.checkpoint()  # stopped early: durable state for --resume
+            self.persist(self.checkpoint)  # stopped early: durable state for --resume
             loop.publisher.close()
 
     def checkpoint(self) -> Path:
         path = self.loop.save_state(self.state_root)
         self.checkpoint_version = self.loop.learner.version
+        self.checkpoint_failed = False
         self.events.emit("checkpoint", version=self.loop.learner.version, path=str(path))
         return path
+
+    def try_checkpoint(self) -> Path | None:
+        """A periodic checkpoint; a disk that refuses it (full) is logged and the next step tries again. Nothing
+        is lost meanwhile: the previous state and the journal hold every acknowledged group."""
+        try:
+            return self.checkpoint()
+        except OSError as err:
+            self.checkpoint_failed = True
+            self.events.emit("checkpoint_failed", version=self.loop.learner.version, error=str(err))
+            return None
+
+    def persist(self, write: Callable[[], T]) -> T:
+        """`write()` (a state, the final checkpoint and summary), retried while the disk refuses it, with waits of
+        1 s doubling to 30 s, until it succeeds or a stop is requested (then the OSError is raised)."""
+        delay = 1.0
+        while True:
+            try:
+                return write()
+            except OSError as err:
+                self.events.emit("write_failed", version=self.loop.learner.version, error=str(err), retry_s=delay)
+                if self.stop.wait(delay):
+                    raise
+                delay = min(2 * delay, PERSIST_MAX_WAIT_S)
 
     def status(self) -> dict[str, Any]:
         """GET /v1/status: progress, queue, counters, samplers."""
@@ -113,6 +185,7 @@ class LiveLearner:
             "samplers": loop.peers.status(window),
             "elapsed_s": round(loop.now(), 3),
             "resumes": loop.resumes,
+            "skipped_steps": loop.skipped_steps,
         }
 
 
@@ -120,17 +193,49 @@ def _comparable(cfg: RunConfig) -> dict[str, Any]:
     return cfg.model_dump(mode="json", exclude={"live"})
 
 
-def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> None:
+def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
+    """Whether to resume from the run directory's state. A fresh start over a state, or a resume with another
+    config, is refused. A directory without a state holds no acknowledged group (the learner saves its version-0
+    state before it listens), so a learner killed before that starts afresh, --resume or not."""
     state_root, journal = run_dir / "live" / "state", run_dir / "live" / "journal"
+    state = latest_state(state_root)
+    if state is None:
+        records = sum(len(read_segment(journal / f"{i:08d}.journal")) for i in segment_indices(journal))
+        if records:
+            raise LiveSetupError(
+                f"{journal} holds {records} acknowledged groups but {state_root} no learner state to replay them "
+                "on; restore the state directory, or start in a new run directory"
+            )
+        shutil.rmtree(journal, ignore_errors=True)  # empty segments of a learner that never listened,
+        (run_dir / "metrics.jsonl").unlink(missing_ok=True)  # and its initial evaluation: all redone now
+        (run_dir / "live" / "served.version").unlink(missing_ok=True)
+        return False
     if not resume:
-        if latest_state(state_root) is not None or segment_indices(journal):
-            raise LiveSetupError(f"{run_dir} already holds a live learner; pass --resume or use a new run directory")
-        return
-    if latest_state(state_root) is None:
-        raise LiveSetupError(f"--resume: no learner state under {state_root}")
+        raise LiveSetupError(f"{run_dir} already holds a live learner; pass --resume or use a new run directory")
     saved_cfg = RunConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()))
     if _comparable(saved_cfg) != _comparable(cfg):
         raise LiveSetupError(f"--resume: the config differs from {run_dir / 'config.yaml'} (only `live` may change)")
+    return True
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[None]:
+    """Hold `live/learner.lock` for as long as this learner runs: two learners on one directory would interleave
+    journals and states. The kernel drops the lock when the process dies, so a kill -9 leaves none behind."""
+    path = run_dir / "live" / "learner.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise LiveSetupError(f"{run_dir} is in use by a running learner ({holder}); stop it first") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()}")
+        f.flush()
+        yield
 
 
 def _truncate(path: Path, nbytes: int) -> None:
@@ -165,12 +270,17 @@ def open_learner(
     """The learner process's loop over `run_dir`: fresh from `base`, or (resume) from the newest saved state plus
     the journal. Call `loop.start()` next, then serve it."""
     saved = None
+    for stale in remove_stale_temporaries(run_dir / "live" / "state"):  # a save killed half-way
+        (events or EventLog()).emit("removed_stale", path=str(stale))
     if resume:
         path = latest_state(run_dir / "live" / "state")
         if path is None:
             raise LiveSetupError(f"--resume: no learner state under {run_dir / 'live' / 'state'}")
-        learner = build_learner(cfg, str(path / "model"))
-        saved = restore_learner_state(learner, path)
+        learner = build_learner(cfg, base)  # as first built: frozen parts and the KL reference are the base's
+        try:
+            saved = restore_learner_state(learner, path)
+        except ValueError as err:  # another format, or weights of another model: a setup mistake, not a crash
+            raise LiveSetupError(f"--resume: {err}") from None
         _truncate(run_dir / "metrics.jsonl", int(saved.extra["metrics_bytes"]))
     else:
         learner = build_learner(cfg, base)
@@ -184,6 +294,7 @@ def open_learner(
     loop = LearnerLoop(cfg, learner, recorder, clock=lambda: time.monotonic() - clock_start, journal=journal)
     events = events or EventLog()
     live = LiveLearner(cfg, run_dir, loop, events)
+    loop.served_ceiling = live.marked
     if saved is not None:
         queued = loop.restore_state(saved)
         live.checkpoint_version = saved.version
@@ -205,38 +316,48 @@ def serve_learner(
     host, port = parse_listen(listen)
     check_live_config(cfg)
     check_transport_config(cfg)
+    checked_model_path(cfg)
     if run_dir is None:
         if resume:
             raise LiveSetupError("--resume needs --run-dir")
         run_dir = new_run_dir(name="live")
     run_dir = Path(run_dir)
-    _check_run_dir(cfg, run_dir, resume)
-    token = resolve_learner_token(cfg)
-    run_dir = prepare_run_dir(cfg, run_dir, resume=resume)
-    (run_dir / "live").mkdir(exist_ok=True)
-    address = run_dir / "live" / "learner.json"
-    address.unlink(missing_ok=True)
-    check_sinks(cfg)
-    configure_torch(cfg)
-    base, pretrain_info = resolve_base_model(cfg, show_progress)
-    log = run_dir / "run.log" if progress_log else None  # under `run --live` the launcher writes run.log
-    with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress, log_path=log) as bar:
-        live = open_learner(cfg, run_dir, base, resume=resume, bar=bar)
-        live.loop.extra = {"base_model": str(base), "pretrain": pretrain_info, "clock": "wall"}
-        store = open_learner_store(live, resume)  # weights out / rollouts in through a store, when configured
-        live.loop.start()  # the initial evaluation (fresh runs) and the current version's publication
-        if store is not None:
-            store.start()
-        try:
-            asyncio.run(serve_app(live, token, host, port, address))
-        finally:
+    if holds_run(run_dir) and not (run_dir / "live").is_dir():
+        raise RunDirError(f"{run_dir} holds a run that is not a live learner's; choose another --run-dir")
+    with run_dir_lock(run_dir):
+        resume = _check_run_dir(cfg, run_dir, resume)
+        token = resolve_learner_token(cfg)
+        run_dir = prepare_run_dir(cfg, run_dir, resume=resume)
+        address = run_dir / "live" / "learner.json"
+        address.unlink(missing_ok=True)
+        check_sinks(cfg)
+        configure_torch(cfg)
+        base, pretrain_info = resolve_base_model(cfg, show_progress)
+        log = run_dir / "run.log" if progress_log else None  # under `run --live` the launcher writes run.log
+        with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress, log_path=log) as bar:
+            live = open_learner(cfg, run_dir, base, resume=resume, bar=bar)
+            live.loop.extra = {"base_model": str(base), "pretrain": pretrain_info, "clock": "wall"}
+            store = open_learner_store(live, resume)  # weights out / rollouts in through a store, when configured
+            live.loop.start()  # the initial evaluation (fresh runs) and the current version's publication
+            if not resume:
+                try:
+                    live.checkpoint()  # version 0 on disk before the first group can be acknowledged
+                except OSError as err:
+                    raise LiveSetupError(
+                        f"cannot write the learner's first state under {live.state_root}: {err}"
+                    ) from None
             if store is not None:
-                store.close()  # after the last version's upload and the `finished` marker
-                live.events.emit("store", **store.summary())
-                if live.summary is not None:  # the summary was taken before the last upload finished
-                    traffic = live.loop.traffic
-                    live.summary.update(weight_bytes_sent=traffic.total_bytes, store=store.summary())
-                    live.summary["weight_bytes_full"] = traffic.total_full_bytes
+                store.start()
+            try:
+                asyncio.run(serve_app(live, token, host, port, address))
+            finally:
+                if store is not None:
+                    store.close()  # after the last version's upload and the `finished` marker
+                    live.events.emit("store", **store.summary())
+                    if live.summary is not None:  # the summary was taken before the last upload finished
+                        traffic = live.loop.traffic
+                        live.summary.update(weight_bytes_sent=traffic.total_bytes, store=store.summary())
+                        live.summary["weight_bytes_full"] = traffic.total_full_bytes
     if live.summary is None:
         return None
     summary = {**live.summary, "wall_seconds": time.monotonic() - wall_start}

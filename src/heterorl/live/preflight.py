@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from heterorl.config import RunConfig
 
 
@@ -35,3 +37,15 @@ def check_node_index(cfg: RunConfig, index: int) -> None:
     """`--index` must name one of the config's sampler nodes."""
     if not 0 <= index < len(cfg.cluster.samplers):
         raise LiveSetupError(f"--index {index}: the config has {len(cfg.cluster.samplers)} sampler nodes")
+
+
+def check_url(url: str) -> str:
+    """`--connect` must be the learner's http(s) URL (a path prefix is allowed, behind a proxy)."""
+    parts = urlsplit(url)
+    try:
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        port_ok = False
+    if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise LiveSetupError(f"--connect {url!r} must be the learner's URL, e.g. http://learner.example:8470")
+    return url

@@ -30,7 +30,7 @@ from typing import Any
 
 from heterorl.config import RunConfig
 from heterorl.eventlog import EventLog
-from heterorl.live.preflight import LiveSetupError, check_live_config, check_node_index
+from heterorl.live.preflight import LiveSetupError, check_live_config, check_node_index, check_url
 from heterorl.live.transports import check_transport_config, sampler_needs_http, sampler_transport, store_counts
 from heterorl.loop.build import build_sampler, configure_torch, sampler_seed
 from heterorl.loop.intake import ACKED, body_digest
@@ -80,7 +80,7 @@ class LiveSampler:
         self.boot = boot
         cc = cfg.cluster  # AReaL's eta and backpressure are asked of the learner (over HTTP) before each chunk
         wanted = cc.mode == "async" and (cc.eta is not None or cc.max_queued_steps is not None)
-        self.admission = transport.admission if wanted else None
+        self.admission = transport.admission if wanted and transport is not None else None  # None: receive only
         self.started = time.monotonic()
         self.busy_seconds = 0.0
         self.counts: Counter[str] = Counter()
@@ -153,7 +153,7 @@ class LiveSampler:
         failed_before = self.worker.failed
         try:
             update = decode_update(payload)
-        except EnvelopeError as err:
+        except EnvelopeError as err:  # the only error decode_update raises, whatever the bytes
             self.worker.refused(f"envelope: {err}")
             self.events.emit("weights", ok=False, error=f"envelope: {err}"[:300], bytes=len(payload))
             return False
@@ -339,6 +339,7 @@ def run_sampler(cfg: RunConfig, connect: str | None, index: int = 0) -> dict[str
     if why is not None:
         if not connect:
             raise LiveSetupError(f"the sampler needs the learner's URL (--connect) because {why}")
+        check_url(connect)
         token = configured_token(cfg.live)
         if token is None:
             raise LiveSetupError(f"no token: set ${cfg.live.token_env} (or live.token_file) to the learner's token")

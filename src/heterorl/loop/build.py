@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from heterorl.config import RunConfig
 from heterorl.engines.base import EngineError, RolloutEngine
+from heterorl.errors import PathNotFoundError
 from heterorl.learner import Learner
 from heterorl.lora import apply_lora
 from heterorl.policy import Policy, SamplingParams, TextFormat, load_tokenizer, resolve_device
@@ -48,12 +50,22 @@ def node_name(cfg: RunConfig, index: int) -> str:
     return cfg.cluster.samplers[index].name or f"sampler-{index}"
 
 
+def checked_model_path(cfg: RunConfig) -> str | None:
+    """`model.path` when set, after checking that it is a transformers checkpoint on this host."""
+    path = cfg.model.path
+    if path is not None and not (Path(path).expanduser() / "config.json").is_file():
+        raise PathNotFoundError(f"model.path {path!r} is not a transformers checkpoint (no config.json)")
+    return path
+
+
 def resolve_base_model(cfg: RunConfig, show_progress: bool = True) -> tuple[str, dict[str, Any]]:
     """`model.path`, or the cached warm start built from the config (and how it was built)."""
-    if cfg.model.path is not None:
-        return cfg.model.path, {}
+    path = checked_model_path(cfg)
+    if path is not None:
+        return path, {}
     result = ensure_base_model(cfg, show_progress=show_progress)
-    return result.path, {"steps": result.steps, "val_accuracy": result.val_accuracy}
+    info = {"steps": result.steps, "val_accuracy": result.val_accuracy, "state_hash": result.state_hash}
+    return result.path, {**info, "threads": result.threads}
 
 
 def build_task(cfg: RunConfig) -> Task:
@@ -77,7 +89,7 @@ def sampler_policy(cfg: RunConfig, base: str | None) -> Policy:
     dtype = getattr(torch, cfg.model.dtype)
     adapters = cfg.model.lora is not None and cfg.model.lora.publish == "adapter"
     if base is None and (adapters or cfg.model.path is not None):
-        base = cfg.model.path or resolve_base_model(cfg, show_progress=False)[0]
+        base = checked_model_path(cfg) or resolve_base_model(cfg, show_progress=False)[0]
     if base is None:
         built = Policy.from_config(cfg.model, seed=cfg.seed)
         policy = Policy(built.model.to(dtype), built.tokenizer, device, cfg.task.chat_template)

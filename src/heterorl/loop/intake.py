@@ -20,6 +20,12 @@ rejection with its reason:
 | prompt_mismatch | 422 | prompt ids other than the learner's tokenization of the prompt (tokenizer, chat template) |
 | bad_rewards | 422 | a non-finite reward |
 | invalid | 422 | any other content check (empty prompt, over-long group id) |
+| bad_http | 400 | not an HTTP request the server can parse (request line, headers, Content-Length, chunking) |
+| timeout | 408 | a request head or body not received in time (`live.header_timeout_s`, `live.body_timeout_s`) |
+| too_many_connections | 503 | a connection beyond `live.max_connections` (refused at once) |
+| disk_full | 507 | the journal could not store the group (disk full or failing): retry later, nothing was kept |
+| id_conflict | 409 | a group id already used by a group with other content (a retried POST sends the same bytes) |
+| internal_error | 500 | a bug in a handler of the learner (counted, logged in one line: no traceback per request) |
 
 The digest header is optional (a hand-made request may omit it); samplers always send it.
 A group is acknowledged only after it is in the journal (durable) and in the buffer (in memory), both under
@@ -28,6 +34,7 @@ one lock shared with the training thread, so an acknowledged group is never lost
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -35,10 +42,13 @@ from dataclasses import dataclass, field
 
 import xxhash
 
+from heterorl import failpoints
+from heterorl.frictions import KINDS as FRICTION_KINDS
 from heterorl.loop.journal import Journal
 from heterorl.loop.staleness import RolloutBuffer
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits, RolloutError, decode_group
+from heterorl.sampler import VERDICT_INFO
 
 REJECTION_STATUS = {
     "unauthorized": 401,
@@ -53,8 +63,15 @@ REJECTION_STATUS = {
     "prompt_mismatch": 422,
     "bad_rewards": 422,
     "invalid": 422,
+    "bad_http": 400,
+    "timeout": 408,
+    "too_many_connections": 503,
+    "id_conflict": 409,
+    "disk_full": 507,
+    "internal_error": 500,
 }
 MAX_GROUP_ID_CHARS = 200
+KNOWN_INFO = frozenset(FRICTION_KINDS) | frozenset(VERDICT_INFO)  # what samplers count in `RolloutGroup.info`
 ACKED = ("accepted", "duplicate")  # outcomes after which the group is the learner's
 RETRIED = ("busy", "finished")  # outcomes after which the group may still arrive (or the run is over)
 
@@ -120,21 +137,13 @@ class Intake:
         self.base_limits = base_limits  # everything but the current version
         self.cond = threading.Condition()  # guards everything below; the training thread waits on it
         self.counters = IntakeCounters()
-        self.consumed: set[str] = set()  # trained or dropped by the staleness window
+        self.consumed: dict[str, str] = {}  # id -> body digest of groups trained or dropped by the window
         self.payloads: dict[str, bytes] = {}  # queued group id -> its message (checkpointed as is)
         self.finished = False
         self.closed = False
 
     def limits(self, current_version: int) -> GroupLimits:
-        b = self.base_limits
-        return GroupLimits(
-            b.vocab_size,
-            current_version,
-            b.group_size,
-            b.max_prompt_tokens,
-            b.max_completion_tokens,
-            b.max_total_tokens,
-        )
+        return dataclasses.replace(self.base_limits, current_version=current_version)
 
     # ---------------------------------------------------------------- network side
     def reject(self, reason: str, detail: str = "") -> Verdict:
@@ -142,6 +151,11 @@ class Intake:
         with self.cond:
             self.counters.rejected[reason] += 1
         return Verdict(REJECTION_STATUS[reason], reason, detail=detail)
+
+    def count_busy(self) -> None:
+        """Count a POST turned away before it was read (the service's upload limit), like a full queue."""
+        with self.cond:
+            self.counters.busy += 1
 
     def accept(self, body: bytes, current_version: int, digest: str | None = None) -> Verdict:
         """Check `digest` (when sent), decode and validate one message; journal and queue it unless it is a
@@ -152,15 +166,24 @@ class Intake:
             group = decode_group(body, self.limits(current_version))
         except RolloutError as err:
             return self.reject(rejection_reason(err), str(err))
-        if len(group.group_id) > MAX_GROUP_ID_CHARS:
-            return self.reject("invalid", f"group id longer than {MAX_GROUP_ID_CHARS} characters")
+        if not 0 < len(group.group_id) <= MAX_GROUP_ID_CHARS or len(group.sampler_id) > MAX_GROUP_ID_CHARS:
+            return self.reject("invalid", f"group and sampler ids must have 1 to {MAX_GROUP_ID_CHARS} characters")
+        if not set(group.info) <= KNOWN_INFO:
+            return self.reject("invalid", f"info keys {sorted(set(group.info) - KNOWN_INFO)[:4]} are not counts")
         if self.prompt_ids is not None and self.prompt_ids(group.prompt) != group.prompt_ids_P.tolist():
             return self.reject("prompt_mismatch", "prompt ids differ from the learner's tokenization of the prompt")
         gid = group.group_id
         with self.cond:
             if self.finished:
                 return Verdict(410, "finished", gid, "the run is finished")
-            if gid in self.consumed or gid in self.payloads:
+            if gid in self.payloads or gid in self.consumed:
+                if gid in self.payloads:
+                    same = self.payloads[gid] == body
+                else:  # "" : consumed under a state written before digests were kept
+                    same = self.consumed[gid] in ("", digest or body_digest(body))
+                if not same:
+                    self.counters.rejected["id_conflict"] += 1
+                    return Verdict(409, "id_conflict", gid, "this group id was acknowledged with other content")
                 self.counters.duplicates += 1
                 return Verdict(200, "duplicate", gid)
             if self.filter_uniform and bool((group.rewards_G == group.rewards_G[0]).all()):
@@ -170,7 +193,12 @@ class Intake:
                 self.counters.busy += 1
                 return Verdict(503, "busy", gid, f"{len(self.buffer)} groups queued")
             if self.journal is not None:
-                self.journal.append(body)  # durable before it is acknowledged
+                try:
+                    self.journal.append(body)  # durable before it is acknowledged
+                except OSError as err:  # disk full or failing: not durable, so not acknowledged (no trace left)
+                    self.counters.rejected["disk_full"] += 1
+                    return Verdict(507, "disk_full", gid, f"the learner cannot store it now: {err.strerror}")
+                failpoints.hit("journal.appended")  # durable, not yet acknowledged
             self.buffer.add(group)
             self.payloads[gid] = body
             self.counters.accepted += 1
@@ -188,8 +216,7 @@ class Intake:
             taken = self.buffer.take(n, learner_version)
             left = {g.group_id for g in self.buffer.groups}
             for gid in before - left:  # trained now, or dropped by the staleness window
-                self.consumed.add(gid)
-                del self.payloads[gid]
+                self.consumed[gid] = body_digest(self.payloads.pop(gid))
         return taken
 
     def close(self) -> None:
@@ -198,8 +225,8 @@ class Intake:
             self.closed = True
             self.cond.notify_all()
 
-    def checkpoint_view(self) -> tuple[list[bytes], list[str], int]:
-        """(queued messages oldest first, consumed ids, first journal segment after them), atomically.
+    def checkpoint_view(self) -> tuple[list[bytes], dict[str, str], int]:
+        """(queued messages oldest first, consumed ids -> digests, first journal segment after them), atomically.
 
         Rotating the journal under the lock splits accepted groups exactly: those in the queue or consumed now
         belong to the checkpoint, later ones to the segments from the returned index on.
@@ -207,9 +234,9 @@ class Intake:
         assert self.journal is not None, "a checkpoint of the queue needs the journal"
         with self.cond:
             queue = [self.payloads[g.group_id] for g in self.buffer.groups]
-            return queue, sorted(self.consumed), self.journal.rotate()
+            return queue, dict(self.consumed), self.journal.rotate()
 
-    def restore(self, consumed: list[str], checkpointed: list[bytes], journaled: list[bytes]) -> int:
+    def restore(self, consumed: dict[str, str], checkpointed: list[bytes], journaled: list[bytes]) -> int:
         """Rebuild the queue after a restart: the checkpoint's queue, then the journal; returns groups queued.
 
         Journaled groups were accepted after the checkpoint, so they are counted as accepted again (the
@@ -218,7 +245,7 @@ class Intake:
         """
         limits = self.limits(2**31 - 1)
         with self.cond:
-            self.consumed = set(consumed)
+            self.consumed = dict(consumed)
             for body, fresh in [(b, False) for b in checkpointed] + [(b, True) for b in journaled]:
                 group = decode_group(body, limits)
                 if group.group_id in self.consumed or group.group_id in self.payloads:

@@ -9,10 +9,16 @@ checkpoint is safely on disk.
 
 Record layout: u32 length N | 16-byte xxh3-128 digest of the payload | N payload bytes (an `encode_group`
 message). A crash mid-append leaves a torn last record; it was never acknowledged, and replay stops there.
+
+An append that fails (disk full, I/O error) raises OSError after cutting the segment back to its last whole
+record, so the group is not in the journal and the caller answers it as not acknowledged (507). If even the cut
+fails, the next append starts a new segment: nothing is ever appended after a torn record, where replay would
+not reach it. Writes are unbuffered, so no failed record lingers in a buffer to be flushed later.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from collections.abc import Iterator
@@ -75,25 +81,46 @@ class Journal:
         # never append to a segment a crash may have left torn: always open a fresh one
         self.segment = max([*existing, -1]) + 1 if start_segment is None else start_segment
         self._file: BinaryIO = self._open(self.segment)
+        self._size = self._file.tell()  # bytes of whole records in the open segment
+        self._torn = False  # a failed append could not be cut back: the open segment ends in a torn record
 
     def _open(self, index: int) -> BinaryIO:
-        f = (self.directory / _segment_name(index)).open("ab")
+        f = (self.directory / _segment_name(index)).open("ab", buffering=0)
         if self.fsync:
             fsync_path(self.directory)
         return f
 
     def append(self, payload: bytes) -> None:
-        """Append one record; with `fsync` it is on disk when this returns."""
-        self._file.write(frame(payload))
-        self._file.flush()
-        if self.fsync:
-            os.fsync(self._file.fileno())
+        """Append one record; with `fsync` it is on disk when this returns. Raises OSError (and leaves no part of
+        the record behind) when the disk refuses it."""
+        if self._torn:
+            self.rotate()
+        record = memoryview(frame(payload))
+        try:
+            while record:
+                written = self._file.write(record)
+                if not written:
+                    raise OSError(errno.EIO, "the journal accepted no bytes")
+                record = record[written:]
+            if self.fsync:
+                os.fsync(self._file.fileno())
+        except OSError:
+            self._cut()
+            raise
+        self._size = self._file.tell()
+
+    def _cut(self) -> None:
+        try:
+            self._file.truncate(self._size)
+        except OSError:
+            self._torn = True
 
     def rotate(self) -> int:
-        """Start a new segment; returns its index (records appended from now on go there)."""
+        """Start a new segment; returns its index (records appended from now on go there). The new segment is
+        opened before the current one is closed, so a failure (OSError) leaves the journal as it was."""
+        new = self._open(self.segment + 1)
         self._file.close()
-        self.segment += 1
-        self._file = self._open(self.segment)
+        self._file, self.segment, self._size, self._torn = new, self.segment + 1, new.tell(), False
         return self.segment
 
     def replay(self, from_segment: int) -> Iterator[bytes]:

@@ -11,6 +11,11 @@ driver calls them back to back on the wall clock. Groups come in through `offer`
 journal, queue: `Intake`), generation budgets through `admit` (AReaL's rule), whatever the transport.
 Publishing runs in a worker thread (`BackgroundPublisher`), so it overlaps the next step; a record describes the
 newest *complete* publication (the previous version's), which keeps records identical under every clock.
+
+A step whose gradient is not finite applies no update (`Learner.train_step`); its groups are consumed, so they
+never come back. It still counts as a step and publishes a version (the same weights), so synchronous samplers
+move on. `learner/skipped_steps` counts such steps; `learner.max_skipped_steps` in a row stop the run with
+`TrainingDivergedError`, since something upstream (a sampler, a reward function) then keeps producing poison.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from heterorl import failpoints
 from heterorl.config import RunConfig
 from heterorl.frictions import KINDS as FRICTION_KINDS
 from heterorl.frictions import frictions_active
 from heterorl.learner import Learner
+from heterorl.loop.build import node_name
 from heterorl.loop.checkpoints import CheckpointPolicy
 from heterorl.loop.intake import ACKED, RETRIED, Intake, IntakeCounters, Verdict
 from heterorl.loop.journal import Journal
@@ -38,6 +45,10 @@ from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits
 from heterorl.sampler import VERDICT_INFO
 from heterorl.weights import Published
+
+
+class TrainingDivergedError(RuntimeError):
+    """Too many learner steps in a row had a non-finite gradient: stop rather than publish nothing forever."""
 
 
 @dataclass
@@ -72,7 +83,7 @@ class LearnerLoop:
         self.publisher = BackgroundPublisher(cfg.weights)
         self.store = self.publisher.store
         self.traffic = WeightTraffic()
-        self.peers = Peers()
+        self.peers = Peers(node_name(cfg, i) for i in range(len(cfg.cluster.samplers)))
         model_cfg = learner.policy.model.config
         context = int(getattr(model_cfg, "max_position_embeddings", cfg.model.max_positions))
         limits = GroupLimits(
@@ -82,6 +93,9 @@ class LearnerLoop:
             max_prompt_tokens=context - 1,
             max_completion_tokens=cfg.sampler.max_new_tokens,
             max_total_tokens=context,
+            min_logprob=cfg.learner.min_behavior_logprob,
+            min_reward=cfg.learner.min_reward,
+            max_reward=cfg.learner.max_reward,
         )
         cc = cfg.cluster
         eta, queued = (cc.eta, cc.max_queued_steps) if cc.mode == "async" else (None, None)
@@ -97,9 +111,13 @@ class LearnerLoop:
         )
         self.admission = Admission(eta, self.B, queued)
         self.published_version = -1  # the newest version handed to the publisher
+        self.served_ceiling = -1  # the newest version an earlier life of this learner may have served (resume)
+        self.before_publish: Callable[[int], None] | None = None  # the driver's hook (a durable mark)
         self.busy_seconds = 0.0  # clock seconds spent training
         self.clock_before = 0.0  # clock seconds of earlier lives of this run (resume)
         self.resumes = 0
+        self.skipped_steps = 0  # steps with a non-finite gradient (no update applied)
+        self.skipped_in_a_row = 0
         self.extra: dict[str, Any] = {}  # the driver's figures for summary.json
         self.checkpoints = CheckpointPolicy(cfg.checkpoint, recorder.run_dir, learner)
         self.needs_initial_eval = True
@@ -133,13 +151,16 @@ class LearnerLoop:
 
     def publish(self) -> None:
         """Hand the learner's current version to the publisher (it waits for the previous one first)."""
+        if self.before_publish is not None:
+            self.before_publish(self.learner.version)
         self.publisher.submit(self.learner.version, self.learner.export_weights())
         self.published_version = self.learner.version
 
     def offer(self, body: bytes, digest: str | None = None) -> Verdict:
         """One encoded group from a sampler: accepted, duplicate, busy, finished, or rejected with its reason.
-        A rejected group will never arrive, so its admission budget is given back."""
-        verdict = self.intake.accept(body, self.published_version, digest)
+        A rejected group will never arrive, so its admission budget is given back. After a resume, versions an
+        earlier life served are not from the future: the learner is about to reproduce them."""
+        verdict = self.intake.accept(body, max(self.published_version, self.served_ceiling), digest)
         if verdict.outcome not in ACKED + RETRIED:
             with self.intake.cond:
                 self.admission.release(1)
@@ -177,12 +198,22 @@ class LearnerLoop:
         previous = self.publisher.result()  # the version before this step's, complete
         assert previous is not None, "start() publishes the first version"
         self.publish()
+        skipped = result.stats.get("opt/skipped_updates", 0.0) > 0
+        self.skipped_steps += skipped
+        self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
         record = self._record(result.stats, previous)
         accuracy = self.recorder.on_step(record)
         self.checkpoints.after_step(self.learner.version, accuracy)
         observer = self.recorder.observer
         if observer is not None and observer.stop_requested:
             self.request_finish()
+        limit = self.cfg.learner.max_skipped_steps
+        if self.skipped_in_a_row >= limit:
+            raise TrainingDivergedError(
+                f"{limit} learner steps in a row (the last at version {self.learner.version}) had a non-finite "
+                "gradient, so no update was applied and their groups were left out; look for a sampler sending "
+                "extreme log-probs or rewards (its log, net/rejected_*), fix it, then resume"
+            )
         return record
 
     def finish(self) -> dict[str, Any]:
@@ -217,6 +248,7 @@ class LearnerLoop:
             **stats,
             **self.intake.metrics(),
             "net/connected": float(len(self.peers.connected(self.cfg.live.connected_seconds))),
+            "learner/skipped_steps": float(self.skipped_steps),
         }
         failed = 0
         for name, peer in sorted(self.peers.snapshot().items()):
@@ -250,15 +282,21 @@ class LearnerLoop:
             "weight_bytes_full": self.traffic.total_full_bytes,
             "net": {**self.intake.counters_json(), "weights_failed": sum(p.failed for p in peers.values())},
             "resumes": self.resumes,
+            "skipped_steps": self.skipped_steps,
         }
 
     # ---------------------------------------------------------------- durability (resume)
     def save_state(self, root: Path) -> Path:
-        """Write the learner state atomically under `root`, then drop the journal segments it covers."""
+        """Write the learner state atomically under `root`, then drop the journal segments it covers. Raises
+        OSError (disk full) with the previous state and the journal intact: the caller may try again later."""
+        self.recorder.metrics.flush()  # the state's metrics_bytes must cover every step it holds
         queue, consumed, segment = self.intake.checkpoint_view()
+        failpoints.hit("checkpoint.rotated")  # a new journal segment, no state for it yet
         buffer = self.intake.buffer
+        ids = sorted(consumed)
         extra = {
-            "consumed_ids": consumed,
+            "consumed_ids": ids,
+            "consumed_digests": [consumed[i] for i in ids],
             "journal_segment": segment,
             "metrics_bytes": self.recorder.metrics.path.stat().st_size,
             "rewards": self.recorder.rewards,
@@ -273,6 +311,7 @@ class LearnerLoop:
             "traffic": [self.traffic.total_bytes, self.traffic.total_full_bytes],
             "admission": [self.admission.started, self.admission.released, self.admission.trained],
             "resumes": self.resumes,
+            "skipped": [self.skipped_steps, self.skipped_in_a_row],
         }
         path = save_learner_state(self.learner, root, queue=queue, extra=extra)
         assert self.intake.journal is not None
@@ -287,7 +326,9 @@ class LearnerLoop:
         assert journal is not None, "resuming needs the journal"
         journaled = list(journal.replay(x["journal_segment"]))
         self.intake.counters = IntakeCounters.from_json(x["counters"])
-        queued = self.intake.restore(x["consumed_ids"], saved.queue, journaled)
+        digests = x.get("consumed_digests") or [""] * len(x["consumed_ids"])  # "": a state written before digests
+        consumed = dict(zip(x["consumed_ids"], digests, strict=True))
+        queued = self.intake.restore(consumed, saved.queue, journaled)
         journal.prune(x["journal_segment"])
         buffer = self.intake.buffer
         buffer.dropped = int(x["dropped"])
@@ -301,6 +342,7 @@ class LearnerLoop:
         self.traffic.total_bytes, self.traffic.total_full_bytes = (int(v) for v in x["traffic"])
         self.admission.started, self.admission.released, self.admission.trained = (int(v) for v in x["admission"])
         self.resumes = int(x["resumes"]) + 1
+        self.skipped_steps, self.skipped_in_a_row = (int(v) for v in x.get("skipped", [0, 0]))
         self.needs_initial_eval = False
         return queued
 

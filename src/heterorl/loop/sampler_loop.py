@@ -27,6 +27,9 @@ from heterorl.rollout import RolloutGroup
 from heterorl.sampler import Sampler
 from heterorl.weights import Update, WeightReceiver
 
+# What parsing hostile bytes can raise (PatchError and EnvelopeError are ValueErrors); a bug raises anything else
+HOSTILE_INPUT_ERRORS = (ValueError, RecursionError, OverflowError)
+
 
 class SamplerWorker:
     """One sampler: its receiver, its engine's weights, what to generate next; see the module docstring."""
@@ -62,13 +65,21 @@ class SamplerWorker:
     def receive(self, update: Update) -> bool:
         """Apply one update; True when the receiver now holds a newer verified version. A duplicate of what it
         holds is ignored; a refused update (corrupt, wrong base) is counted and leaves the weights as they were,
-        and the next update asked for is a snapshot."""
+        and the next update asked for is a snapshot.
+
+        The bytes came from the network, so a parse error the receiver did not turn into a refusal is a refusal
+        here too (never an exception that stops the sampler); the engine keeps the weights it generates with,
+        and the next update is a snapshot, which rewrites every weight."""
         with self.lock:
             if (update.version, update.state_hash) == self.receiver.held():
                 self.ignored += 1
                 return False
-            ok = self.receiver.apply(update)
-            self.last_error = self.receiver.last_error
+            try:
+                ok = self.receiver.apply(update)
+                self.last_error = self.receiver.last_error
+            except HOSTILE_INPUT_ERRORS as err:
+                ok, self.receiver.needs_snapshot = False, True
+                self.last_error = f"{type(err).__name__}: {str(err)[:200]}"
         if ok:
             self.applied += 1
         else:

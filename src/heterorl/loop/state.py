@@ -2,12 +2,17 @@
 
 A state directory holds
 
-    model/                    the fp32 master weights as a transformers checkpoint (`Learner.save_checkpoint`)
+    trainable.safetensors     the fp32 trainable weights by parameter name: every weight, or with LoRA the adapters
     optimizer.safetensors     AdamW's per-parameter tensors, named `state.<param index>.<key>`
     rng.safetensors           torch CPU (and CUDA) generator states
     queue.records             accepted, not yet trained rollout groups (`encode_group` messages, framed)
     state.json                version, optimizer param groups, scheduler, python/numpy RNG, queue count, and the
                               driver's own bookkeeping (`extra`)
+
+A learner is restored by building it from the run's base model, exactly as it was first built (so the frozen
+parts, LoRA's base weights, and the KL reference are the base model's), then loading the trainable weights: a
+merged checkpoint would give a LoRA learner fresh adapters on a different base, which samplers holding the base
+cannot use, and would make the resumed weights the KL reference.
 
 No pickle anywhere (safetensors + JSON), so a state directory is safe to copy between hosts. States are written
 into a temporary directory, fsynced and renamed into place as `s<seq>-v<version>`: a directory with that name is
@@ -29,10 +34,11 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from heterorl import failpoints
 from heterorl.learner import Learner
 from heterorl.loop.journal import frame, fsync_path, parse_records
 
-STATE_FORMAT = 1
+STATE_FORMAT = 2  # 2: trainable.safetensors (1 held a merged transformers checkpoint, wrong with LoRA)
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,42 @@ def _state_dirs(root: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+# ---------------------------------------------------------------- the served-version mark
+_MARK_DIGITS = 12
+
+
+def write_version_mark(path: Path, version: int, fsync: bool = True) -> None:
+    """Record durably that `version` may have reached samplers (before it is served). Fixed width and written in
+    place, so it needs no new disk block (it works on a full disk) and one write never tears a number apart."""
+    data = f"{version:0{_MARK_DIGITS}d}\n".encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, data, 0)
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_version_mark(path: Path) -> int:
+    """The version recorded by `write_version_mark`, or -1 (none, or unreadable)."""
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return -1
+    return int(text) if text.isdigit() and len(text) == _MARK_DIGITS else -1
+
+
+def remove_stale_temporaries(root: str | Path) -> list[Path]:
+    """Delete the `.tmp-*` directories a learner killed mid-save left under `root` (call only while no other
+    process writes there: the learner holds the run directory's lock); returns what was removed."""
+    root = Path(root)
+    stale = sorted(p for p in root.glob(".tmp-*") if p.is_dir()) if root.is_dir() else []
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
 def latest_state(root: str | Path) -> Path | None:
     """The newest complete state directory under `root`, or None."""
     dirs = _state_dirs(Path(root))
@@ -137,8 +179,23 @@ def save_learner_state(learner: Learner, root: str | Path, *, queue: list[bytes]
     final = root / f"s{seq:08d}-v{learner.version:08d}"
     tmp = root / f".tmp-{final.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_state(learner, tmp, queue, extra)
+    except OSError:  # disk full: leave nothing half-written behind; the previous state is intact
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    failpoints.hit("state.written")  # complete, not yet renamed into place
+    tmp.rename(final)
+    fsync_path(root)
+    failpoints.hit("state.renamed")  # two states on disk, the journal not pruned yet
+    for _, old in existing:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write_state(learner: Learner, tmp: Path, queue: list[bytes], extra: dict[str, Any]) -> None:
     tmp.mkdir()
-    learner.save_checkpoint(tmp / "model")
+    save_file(_trainable(learner), str(tmp / "trainable.safetensors"))
     opt_tensors, opt_meta = _optimizer_parts(learner)
     save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
     rng_tensors, rng_meta = _rng_parts()
@@ -155,19 +212,31 @@ def save_learner_state(learner: Learner, root: str | Path, *, queue: list[bytes]
     }
     (tmp / "state.json").write_text(json.dumps(meta))
     _fsync_tree(tmp)
-    tmp.rename(final)
-    fsync_path(root)
-    for _, old in existing:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+
+
+def _trainable(learner: Learner) -> dict[str, torch.Tensor]:
+    model = learner.policy.model
+    return {name: p.detach().cpu().contiguous() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _load_trainable(learner: Learner, tensors: dict[str, torch.Tensor], path: Path) -> None:
+    params = {name: p for name, p in learner.policy.model.named_parameters() if p.requires_grad}
+    if set(params) != set(tensors):
+        missing, extra = sorted(set(params) - set(tensors))[:3], sorted(set(tensors) - set(params))[:3]
+        raise ValueError(f"{path}: trainable weights do not match this model (missing {missing}, extra {extra})")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(tensors[name])
 
 
 def restore_learner_state(learner: Learner, path: str | Path) -> SavedState:
-    """Load optimizer, scheduler, version and RNG states into `learner` (built from `path / "model"`)."""
+    """Load trainable weights, optimizer, scheduler, version and RNG states into `learner`, which must be built
+    from the run's base model (`build_learner(cfg, base)`)."""
     path = Path(path)
     meta = json.loads((path / "state.json").read_text())
     if meta.get("format") != STATE_FORMAT:
         raise ValueError(f"{path}: state format {meta.get('format')!r}, this version reads {STATE_FORMAT}")
+    _load_trainable(learner, load_file(str(path / "trainable.safetensors")), path)
     _load_optimizer(learner, load_file(str(path / "optimizer.safetensors")), meta["optimizer"])
     learner.scheduler.load_state_dict(meta["scheduler"])
     learner.version = int(meta["version"])

@@ -24,7 +24,7 @@ from collections.abc import Generator
 from dataclasses import dataclass
 
 from heterorl.config import RunConfig
-from heterorl.loop.intake import ACKED, body_digest
+from heterorl.loop.intake import ACKED, Verdict, body_digest
 from heterorl.loop.learner_loop import LearnerLoop, StepResult
 from heterorl.loop.sampler_loop import SamplerWorker
 from heterorl.network import Link
@@ -37,6 +37,8 @@ from heterorl.transport.simulated import SimPath, SimUplink
 from heterorl.transport.store.manifest import Manifest
 from heterorl.weights import Update
 from heterorl.weights.envelope import EnvelopeError, decode_update, encode_update, envelope_nbytes
+
+REFUSALS_BEFORE_STALL = 256  # groups refused in a row (none accepted) before the simulator gives up
 
 
 def overgeneration_warning(cfg: RunConfig) -> str | None:
@@ -93,6 +95,7 @@ class SimulatedCluster:
                 SimNode(worker, node_cfg.tokens_per_second, weights, rollout, node_cfg.link.retry_seconds)
             )
         self.learner_busy = False
+        self.refused_in_a_row = 0
         self.warning = overgeneration_warning(cfg)
         self.uplink = SimUplink(cc.learner_uplink_mbps)
         self.store = SimStore(cfg, loop, lambda: events.now, len(workers)) if cfg.transport.uses_store else None
@@ -260,12 +263,22 @@ class SimulatedCluster:
     def _group_arrives(self, node: SimNode, group: RolloutGroup, payload: bytes, digest: str | None) -> None:
         verdict = self.loop.offer(payload, digest)
         node.worker.delivered(group, verdict.outcome)
+        self._count_refusals(verdict)
         if self.store is not None and self.store.rollouts:
             node.in_store -= 1
             self._maybe_generate(node)
         elif verdict.outcome not in ACKED:
             self._maybe_generate(node)  # sync mode generates the missing group again
         self._maybe_train()
+
+    def _count_refusals(self, verdict: Verdict) -> None:
+        """Stop loudly when the learner refuses every group: in virtual time nothing else would end the run."""
+        self.refused_in_a_row = 0 if verdict.outcome in ACKED else self.refused_in_a_row + 1
+        if self.refused_in_a_row >= REFUSALS_BEFORE_STALL:
+            raise RuntimeError(
+                f"the learner refused the last {self.refused_in_a_row} groups it was offered "
+                f"(last: {verdict.outcome} {verdict.status}: {verdict.detail}); the run cannot progress"
+            )
 
     def _maybe_train(self) -> None:
         if self.learner_busy or self.loop.done:

@@ -6,9 +6,11 @@ Layout (little-endian):
 
 Header: {"version": int, "state_hash": str, "base_version": int | null, "kind": "snapshot" | "patch",
 "snapshot_nbytes": int, "patch_nbytes": int}. The body must be exactly 12 + H + snapshot_nbytes + patch_nbytes
-bytes. The envelope only frames; the snapshot and patch blobs carry their own checksums and hashes, which the
-sampler's `WeightReceiver` verifies before it writes a single weight (docs/weight-sync.md). A "noop" update is
-never framed: the service answers 204 instead.
+bytes. The snapshot and patch blobs carry their own checksums and hashes, which the sampler's `WeightReceiver`
+verifies before it writes a single weight (docs/weight-sync.md). `decode_update` also checks that the header
+agrees with the blobs' own (checksum-verified) headers: kinds, the version and hash the update ends at, and that
+the patch starts where the snapshot ends, so a tampered envelope is refused before any blob is applied. A "noop"
+update is never framed: the service answers 204 instead.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from __future__ import annotations
 import re
 
 from heterorl.framing import frame, frame_nbytes, non_negative_int, unframe
+from heterorl.weights.format import PatchError
+from heterorl.weights.patch import PatchInfo, patch_info
 from heterorl.weights.store import Update
 
 MAGIC = b"HRLWUPD1"
@@ -67,10 +71,41 @@ def decode_update(data: bytes) -> Update:
         raise EnvelopeError(f"kind {kind!r} does not match snapshot {n_snap} / patch {n_patch} bytes")
     if len(data) != start + n_snap + n_patch:
         raise EnvelopeError(f"envelope has {len(data)} bytes, its header declares {start + n_snap + n_patch}")
-    return Update(
+    update = Update(
         version=version,
         state_hash=state_hash,
         base_version=base_version,
         snapshot=data[start : start + n_snap] if n_snap else None,
         patch=data[start + n_snap :] if n_patch else None,
     )
+    _check_blobs(update)
+    return update
+
+
+def _blob_info(blob: bytes, kind: str) -> PatchInfo:
+    try:
+        info = patch_info(blob)
+    except (PatchError, ValueError, RecursionError, OverflowError) as err:  # what parsing hostile bytes raises
+        raise EnvelopeError(f"{kind}: {type(err).__name__}: {str(err)[:200]}") from None
+    if info.kind != kind:
+        raise EnvelopeError(f"the {kind} blob is a {info.kind}")
+    return info
+
+
+def _check_blobs(update: Update) -> None:
+    """The header must say what the (checksum-verified) blob headers say: where the update starts and ends."""
+    snap = None if update.snapshot is None else _blob_info(update.snapshot, "snapshot")
+    patch = None if update.patch is None else _blob_info(update.patch, "patch")
+    last = patch or snap
+    assert last is not None, "decode_update frames a snapshot or a patch"
+    if (last.result_version, last.result_hash) != (update.version, update.state_hash):
+        raise EnvelopeError(
+            f"header promises version {update.version} / {update.state_hash[:16]}, the blobs end at "
+            f"{last.result_version} / {last.result_hash[:16]}"
+        )
+    if patch is not None:
+        start = (patch.base_version, patch.base_hash)
+        if snap is not None and start != (snap.result_version, snap.result_hash):
+            raise EnvelopeError("the patch does not start where the snapshot ends")
+        if snap is None and patch.base_version != update.base_version:
+            raise EnvelopeError(f"header base version {update.base_version}, the patch's {patch.base_version}")

@@ -52,4 +52,8 @@ def bearer_matches(header: str | None, token: str) -> bool:
     scheme, _, value = header.partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(value.strip().encode("utf-8"), token.encode("utf-8"))
+    try:  # header bytes that are not UTF-8 arrive as surrogates, which cannot be the (UTF-8) token
+        given = value.strip().encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return hmac.compare_digest(given, token.encode("utf-8"))

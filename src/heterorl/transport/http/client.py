@@ -1,6 +1,6 @@
 """The sampler's side of the wire: an HTTP client of the learner service, retries, and link emulation.
 
-`LearnerClient` makes only outbound requests. Connection failures, timeouts and 502/503/504 answers are retried
+`LearnerClient` makes only outbound requests. Connection failures, timeouts and 502/503/504/507 answers are retried
 with capped exponential backoff and equal jitter (delay = b/2 + U(0, b/2), b = min(cap, initial * 2^k)) from a
 seeded generator, so samplers that lost the learner together do not reconnect in lockstep; a request that keeps
 failing for `live.patience_s` raises `LearnerUnreachableError`. A retried POST sends the same bytes: if the first
@@ -21,7 +21,7 @@ import aiohttp
 from heterorl.config import LiveConfig
 from heterorl.eventlog import EventLog
 
-RETRY_STATUS = frozenset({502, 503, 504})
+RETRY_STATUS = frozenset({502, 503, 504, 507})  # 507: the learner's disk is full for now
 DIGEST_HEADER = "X-Heterorl-Digest"
 FINISHED = "finished"
 FINISHED_WAIT = -1.0  # `admit`'s answer once the run is finished

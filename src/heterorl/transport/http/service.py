@@ -17,7 +17,9 @@
 
 The service speaks plain HTTP; put it behind a TLS-terminating reverse proxy off a trusted network
 (docs/deployment.md). CPU work (update merging, group decoding, journaling) runs in worker threads so the
-event loop keeps answering while the training thread computes.
+event loop keeps answering while the training thread computes. The HTTP layer's own limits (connections,
+header and idle timeouts, counted parse errors) are in `guard.py`; a rollout body must arrive within
+`live.body_timeout_s` (else 408 `timeout`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,9 @@ from aiohttp import web
 
 from heterorl.config import RunConfig
 from heterorl.loop.learner_loop import LearnerLoop
+from heterorl.rollout_codec import max_message_bytes
 from heterorl.transport.http.auth import bearer_matches
+from heterorl.transport.http.guard import Guard, GuardedRunner
 from heterorl.weights.envelope import encode_update
 
 
@@ -136,7 +140,10 @@ def _authorized(request: web.Request, token: str) -> bool:
 
 def build_app(live: LearnerEndpoint, token: str) -> web.Application:
     """The aiohttp application of one learner (routes above); `token` guards everything but status."""
-    max_body = live.cfg.live.max_body_bytes
+    # no body may exceed the largest group this learner could accept (often far below live.max_body_bytes)
+    largest = max_message_bytes(live.loop.intake.limits(0))
+    max_body = min(live.cfg.live.max_body_bytes, largest or live.cfg.live.max_body_bytes)
+    uploads = 0  # rollout bodies being read now (bounded: each one is buffered whole)
     app = web.Application(client_max_size=max_body)
     app[LIVE_KEY] = live
     learner = live.loop
@@ -167,7 +174,7 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
         if current and not live.finished:
             await notifier.wait(min(wait, live.cfg.live.poll_seconds))
         if live.finished:
-            if sampler is not None:
+            if sampler in learner.peers.names:
                 live.told_finished.add(sampler)
             return web.json_response({"outcome": "finished"}, status=410)
         if store.latest_version is None:
@@ -202,14 +209,24 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
         return web.json_response({"outcome": "wait", "retry_after": retry}, status=429)
 
     async def rollouts(request: web.Request) -> web.StreamResponse:
+        nonlocal uploads
         if not _authorized(request, token):
             return _refuse(live, "unauthorized")
         if request.content_length is not None and request.content_length > max_body:
             return _refuse(live, "too_large", f"{request.content_length} bytes > {max_body}")
+        if uploads >= live.cfg.live.max_concurrent_uploads:
+            learner.intake.count_busy()
+            detail = f"{uploads} uploads under way"
+            return web.json_response({"outcome": "busy", "detail": detail}, status=503, headers={"Retry-After": "1"})
+        uploads += 1
         try:
-            body = await request.read()
+            body = await asyncio.wait_for(request.read(), live.cfg.live.body_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             return _refuse(live, "too_large", f"body over {max_body} bytes")
+        except asyncio.TimeoutError:
+            return _refuse(live, "timeout", f"body not received within {live.cfg.live.body_timeout_s:g} s")
+        finally:
+            uploads -= 1
         if len(body) > max_body:  # belt and braces: never trust one limit alone
             return _refuse(live, "too_large", f"{len(body)} bytes > {max_body}")
         sampler = request.query.get("sampler")
@@ -219,7 +236,7 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
             return web.json_response({"outcome": "not_ready"}, status=503, headers={"Retry-After": "1"})
         digest = request.headers.get(DIGEST_HEADER)
         verdict = await asyncio.get_running_loop().run_in_executor(None, learner.offer, body, digest)
-        if verdict.outcome == "finished" and sampler is not None:
+        if verdict.outcome == "finished" and sampler in learner.peers.names:
             live.told_finished.add(sampler)
         headers = {"Retry-After": "1"} if verdict.status == 503 else None
         payload = {"outcome": verdict.outcome, "group_id": verdict.group_id, "detail": verdict.detail}
@@ -242,17 +259,30 @@ def _url(host: str, port: int) -> str:
 
 
 async def _linger(live: LearnerEndpoint) -> None:
-    """After the last step, answer until every connected sampler has been told (410), at most `linger_s`."""
+    """After the last step, answer until every sampler of the run has been told (410), at most `linger_s`. Every
+    configured one, not only those heard from lately: after a resume the run may end before a sampler retrying in
+    its backoff has reconnected, and it would then retry until `patience_s`."""
     deadline = time.monotonic() + live.cfg.live.linger_s
     while time.monotonic() < deadline:
-        if set(live.loop.peers.connected(live.cfg.live.connected_seconds)) <= live.told_finished:
+        if live.loop.peers.names <= live.told_finished:
             return
         await asyncio.sleep(0.05)
 
 
+def make_runner(live: LearnerEndpoint, token: str) -> GuardedRunner:
+    """The application behind the HTTP layer's guard (`guard.py`), counting its refusals like the routes do."""
+    cfg = live.cfg.live
+
+    def count(reason: str, detail: str) -> None:
+        live.loop.intake.reject(reason, detail)
+
+    guard = Guard(cfg.max_connections, cfg.header_timeout_s, count=count, log=live.events.emit)
+    return GuardedRunner(build_app(live, token), guard, access_log=None, handle_signals=False)
+
+
 async def serve_app(live: LearnerEndpoint, token: str, host: str, port: int, address_file: Path) -> None:
     """Serve until the training loop returns (done or stopped by SIGTERM/SIGINT); the URL goes to `address_file`."""
-    runner = web.AppRunner(build_app(live, token), access_log=None, handle_signals=False)
+    runner = make_runner(live, token)
     await runner.setup()
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
