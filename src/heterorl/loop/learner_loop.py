@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from heterorl.config import RunConfig
 from heterorl.frictions import KINDS as FRICTION_KINDS
 from heterorl.frictions import frictions_active
@@ -97,6 +99,7 @@ class LearnerLoop:
         )
         self.admission = Admission(eta, self.B, queued)
         self.published_version = -1  # the newest version handed to the publisher
+        self.published_weights: dict[str, torch.Tensor] = {}  # its wire-dtype tensors (read-only)
         self.busy_seconds = 0.0  # clock seconds spent training
         self.clock_before = 0.0  # clock seconds of earlier lives of this run (resume)
         self.resumes = 0
@@ -132,8 +135,10 @@ class LearnerLoop:
         self.publish()
 
     def publish(self) -> None:
-        """Hand the learner's current version to the publisher (it waits for the previous one first)."""
-        self.publisher.submit(self.learner.version, self.learner.export_weights())
+        """Hand the learner's current version to the publisher (it waits for the previous one first). The exported
+        tensors stay readable as `published_weights` (nothing writes to them: in-process samplers may share them)."""
+        self.published_weights = self.learner.export_weights()
+        self.publisher.submit(self.learner.version, self.published_weights)
         self.published_version = self.learner.version
 
     def offer(self, body: bytes, digest: str | None = None) -> Verdict:
