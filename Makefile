@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format install clean vllm test-vllm test-distributed test-ray test-heavy
+.PHONY: demo test lint format install clean vllm test-vllm test-distributed test-ray test-heavy bench
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# Seconds per RL step by phase, and side by side with TRL's GRPOTrainer on the same work (the `bench` extra).
+bench: $(STAMP)
+	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[bench]"
+	$(BIN)/python benchmarks/step_throughput.py
 
 # Heavy tiers, each its own command (CI runs them too: .ci/run): real torch.distributed ranks; a local Ray.
 test-distributed: $(STAMP)

@@ -141,3 +141,25 @@ def test_checkpoint_is_loadable_by_transformers(tiny_model_dir: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     assert model.config.vocab_size == len(tok)
+
+
+def test_repeated_prompts_encoded_once_generate_the_same_bits(policy: Policy) -> None:
+    """`repeats`: a group's prompt is encoded once and its KV cache repeated; every row then sees exactly the cache
+    it would have computed alone, so the completions, log-probs and versions are bit-identical."""
+    ids, mask = policy.encode_prompts(PROMPTS)
+    params = SamplingParams(temperature=1.1, top_k=12, max_new_tokens=8)
+    expected = _generate(policy, params, seed=3)
+    process = policy.iter_generate(ids, mask, params, torch.Generator().manual_seed(3), lambda: 0, repeats=3)
+    got = run_process(process)
+    for name in ("prompt_ids_NP", "prompt_mask_NP", "completion_ids_NL", "completion_mask_NL", "logp_NL", "version_NL"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+
+
+def test_encode_prompts_matches_the_tokenizer_and_caches_prompt_ids(policy: Policy) -> None:
+    ids, mask = policy.encode_prompts(PROMPTS)
+    enc = policy.tokenizer(PROMPTS, padding=True, add_special_tokens=False, return_tensors="pt")
+    assert torch.equal(ids, enc["input_ids"])
+    assert torch.equal(mask, enc["attention_mask"])
+    first = policy.text.prompt_ids(PROMPTS[1])
+    first.append(-1)  # a copy: the cached ids cannot be altered by a caller
+    assert policy.text.prompt_ids(PROMPTS[1]) == enc["input_ids"][1][enc["attention_mask"][1].bool()].tolist()

@@ -26,6 +26,7 @@ from heterorl.lora import adapter_state, apply_lora, enable_activation_checkpoin
 from heterorl.microbatch import StatsAccumulator, loss_share
 from heterorl.objectives import group_advantages, objective_from_config
 from heterorl.objectives.overlong import overlong_penalty, truncated_completions
+from heterorl.packing import packed_token_logprobs
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import Batch, RolloutGroup, pack_groups
 from heterorl.sharding import Sharding
@@ -106,6 +107,8 @@ class Learner:
         policy = policy or self.train_policy
         device_type = policy.device.type
         with torch.autocast(device_type, dtype=torch.bfloat16, enabled=self.cfg.autocast_bf16):
+            if self.cfg.share_prompt:
+                return packed_token_logprobs(policy, batch, self.params).float()
             logp = policy.token_logprobs(
                 batch.prompt_ids_BP,
                 batch.prompt_mask_BP,

@@ -10,6 +10,8 @@ filtering, then log-softmax (`filter_logits`, shared by both paths).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from heterorl.errors import PathNotFoundError
 from heterorl.tokenizer import build_char_tokenizer
 
 T = TypeVar("T")
+PROMPT_CACHE = 65_536  # prompts whose ids a TextFormat keeps (a few hundred bytes each)
 transformers_logging.disable_progress_bar()  # our own progress bars speak for long work
 
 
@@ -150,25 +153,49 @@ class TextFormat:
         self.chat_template = chat_template
         self.pad_id: int = tokenizer.pad_token_id
         self.eos_id: int = tokenizer.eos_token_id
+        self._ids: OrderedDict[str, list[int]] = OrderedDict()  # prompt -> its ids, most recently used last
+        self._ids_lock = threading.Lock()  # a live learner's intake asks from its service threads
 
     def encode_prompts(
         self, prompts: list[str], device: torch.device | str = "cpu"
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids [N, P] and attention mask [N, P] (each prompt a user turn if chat_template)."""
-        if self.chat_template:
-            prompts = [
-                self.tokenizer.apply_chat_template(
-                    [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-                )
-                for p in prompts
-            ]
-        enc = self.tokenizer(prompts, padding=True, add_special_tokens=False, return_tensors="pt")
-        return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        """Prompt ids [N, P] padded to the longest on the tokenizer's padding side (left for generation) and the
+        attention mask [N, P] (each prompt a user turn if chat_template): what `tokenizer(prompts, padding=True,
+        add_special_tokens=False)` gives, from per-prompt ids tokenized once (`prompt_ids`)."""
+        rows = [self.prompt_ids(p) for p in prompts]
+        P = max((len(r) for r in rows), default=0)
+        ids = torch.full((len(rows), P), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), P), dtype=torch.long)
+        left = self.tokenizer.padding_side == "left"
+        for i, row in enumerate(rows):
+            cols = slice(P - len(row), P) if left else slice(0, len(row))
+            ids[i, cols] = torch.tensor(row, dtype=torch.long)
+            mask[i, cols] = 1
+        return ids.to(device), mask.to(device)
 
     def prompt_ids(self, prompt: str) -> list[int]:
-        """The ids of one prompt as `encode_prompts` makes them, without padding."""
-        ids, mask = self.encode_prompts([prompt])
-        return ids[0][mask[0].bool()].tolist()
+        """The ids of one prompt as `encode_prompts` makes them, without padding (a copy).
+
+        Tokenizing is deterministic and its call costs far more than the ids of a short prompt (the sampler encodes
+        each prompt, the learner's intake checks every group's), so ids are kept for the last `PROMPT_CACHE`
+        prompts: every group of a prompt, and most repeats of a data set's, skip the tokenizer.
+        """
+        with self._ids_lock:
+            ids = self._ids.get(prompt)
+            if ids is not None:
+                self._ids.move_to_end(prompt)
+                return list(ids)
+        text = prompt
+        if self.chat_template:
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        with self._ids_lock:
+            self._ids[prompt] = ids
+            if len(self._ids) > PROMPT_CACHE:
+                self._ids.popitem(last=False)
+        return list(ids)
 
     def encode_completion(self, text: str) -> list[int]:
         """The ids of `text` followed by end-of-sequence: how a completion of that text is tokenized."""
@@ -288,14 +315,28 @@ class Policy:
         params: SamplingParams,
         generator: torch.Generator | None,
         current_version: Callable[[], int],
+        repeats: int = 1,
     ) -> Generator[int, None, Generation]:
         """Generation as a suspendable process: yields the number of tokens sampled so far after each step and
         returns the `Generation`.
+
+        With `repeats` > 1 the prompt rows are K distinct prompts, each completed `repeats` times (N = K * repeats
+        rows, prompt-major): the prompts are encoded once and their KV cache and last logits repeated, which is
+        the same, bit for bit, as encoding every copy (each row's result does not depend on the other rows;
+        tests/test_policy.py checks it) for 1/repeats of the prompt compute.
 
         Between two steps the caller may swap the model's weights in place (AReaL's interruptible rollout);
         `current_version()` then reports a new version, the KV cache computed with the old weights is discarded
         and rebuilt from the sequence so far, and later tokens are tagged with the new version.
         """
+        cache_version = current_version()
+        with torch.no_grad():
+            logits, cache = self._logits(prompt_ids_NP, prompt_mask_NP, cache=DynamicCache())
+        if repeats > 1:  # [K, ...] -> [N, ...]
+            prompt_ids_NP = prompt_ids_NP.repeat_interleave(repeats, 0)
+            prompt_mask_NP = prompt_mask_NP.repeat_interleave(repeats, 0)
+            logits = logits[:, -1:].repeat_interleave(repeats, 0)
+            cache.batch_repeat_interleave(repeats)
         N = prompt_ids_NP.shape[0]
         L = params.max_new_tokens
         device = self.device
@@ -305,9 +346,6 @@ class Policy:
         alive = torch.ones(N, dtype=torch.bool, device=device)
         lengths = torch.zeros(N, dtype=torch.long, device=device)
         seq, attention = prompt_ids_NP, prompt_mask_NP
-        cache_version = current_version()
-        with torch.no_grad():
-            logits, cache = self._logits(seq, attention, cache=DynamicCache())
         for t in range(L):
             if t > 0:
                 yield int(lengths.sum())

@@ -236,8 +236,9 @@ def _track_syncs(cluster: SimulatedCluster) -> tuple[dict[int, str], list[int]]:
     return learner_hashes, checked
 
 
-def test_every_sync_leaves_the_sampler_bit_identical_to_the_learner(tmp_path: Path, tiny_model_dir: Path) -> None:
-    link = "{weights_delay: {kind: exponential, mean: 3}}"
+@pytest.mark.parametrize("share", [True, False])
+def test_every_sync_leaves_the_sampler_bit_identical_to_the_learner(tmp_path: Path, tiny_model_dir: Path, share):
+    link = "{weights_delay: {kind: exponential, mean: 3}, bandwidth_mbps: 1}"
     cluster, _ = build(
         tmp_path,
         tiny_model_dir,
@@ -246,6 +247,7 @@ def test_every_sync_leaves_the_sampler_bit_identical_to_the_learner(tmp_path: Pa
         "cluster.learner_step_seconds=1",
         "weights.codec=pulse",
         "weights.snapshot_every=3",
+        f"cluster.share_weights={share}",
     )
     _, checked = _track_syncs(cluster)
     cluster.run()
@@ -313,3 +315,77 @@ def test_a_learner_that_refuses_every_group_stops_the_simulation_loudly(tmp_path
     cluster.loop.offer = lambda payload, digest=None: Verdict(422, "invalid", detail="refused for the test")
     with pytest.raises(RuntimeError, match=r"refused the last 256 groups .*invalid 422: refused for the test"):
         cluster.run()
+
+
+def _node_weights(cluster: SimulatedCluster) -> list[tuple[int | None, str]]:
+    return [(n.worker.receiver.version, state_hash(n.worker.receiver.weights)) for n in cluster.nodes]
+
+
+@pytest.mark.parametrize(
+    "links",
+    [
+        # finite bandwidths and a finite uplink: arrivals depend on the sizes settled after the publish
+        [
+            "{tokens_per_second: 30, link: {weights_delay: {kind: exponential, mean: 2}, bandwidth_mbps: 0.05}}",
+            "{tokens_per_second: 12, link: {weights_delay: {kind: uniform, low: 0, high: 6}, bandwidth_mbps: 0.2}}",
+        ],
+        # one faulty link (always bytes) beside an unlimited one (arrival known when sent)
+        [
+            "{tokens_per_second: 30, link: {weights_delay: {kind: fixed, seconds: 1}}}",
+            "{tokens_per_second: 20, link: {weights_delay: {kind: uniform, low: 0.5, high: 3}, retry_seconds: 4,"
+            " weights_faults: {drop: 0.2, corrupt: 0.2}}}",
+        ],
+    ],
+    ids=["bandwidth-uplink", "faulty-beside-clean"],
+)
+def test_shared_weights_give_the_run_that_decoding_every_update_gives(tmp_path: Path, tiny_model_dir: Path, links):
+    """`cluster.share_weights` changes how the bits reach an in-process sampler, not which bits or when: the
+    metrics (traffic included), the summary and every sampler's final weights equal those of decoding every
+    update's bytes, and only the shared nodes skip decoding."""
+    overrides = [
+        *nodes(*links),
+        "cluster.mode=async",
+        "cluster.learner_step_seconds=1",
+        "cluster.learner_uplink_mbps=0.3",
+        "weights.codec=pulse",
+        "weights.snapshot_every=4",
+        "learner.steps=8",
+    ]
+    runs, finals = {}, {}
+    for share in (True, False):
+        cluster, _ = build(tmp_path / str(share), tiny_model_dir, *overrides, f"cluster.share_weights={share}")
+        cluster.run()
+        cluster.loop.finish()
+        finals[share] = _node_weights(cluster)
+        runs[share] = _strip_wall(read_metrics(tmp_path / str(share) / "metrics.jsonl"))
+        if share:
+            assert [cluster._shares(n) for n in cluster.nodes] == [not n.weights.lossy for n in cluster.nodes]
+    assert runs[True] == runs[False]
+    assert finals[True] == finals[False]
+    assert sum(r.get("sync/bytes", 0) for r in runs[True]) > 0
+
+
+def test_a_receiver_that_adopted_shared_tensors_copies_them_before_applying_bytes() -> None:
+    """Copy on write: bytes applied after an adoption never write into the learner's published tensors."""
+    from heterorl.loop.shared_weights import SharedReceiver, SharedUpdate
+    from heterorl.weights import WeightStore
+    from heterorl.weights.codecs import make_codec
+
+    v0 = {"w": torch.arange(8, dtype=torch.bfloat16)}
+    v1 = {"w": v0["w"] + 1}
+    store = WeightStore(make_codec("pulse"))
+    published = store.publish(0, v0)
+    store.publish(1, v1)
+    receiver = SharedReceiver()
+    settled: list[int] = []
+    shared = SharedUpdate(0, v0, settle=lambda: settled.append(0))
+    receiver.adopt(shared)
+    assert receiver.weights["w"] is v0["w"]
+    assert settled == []
+    shared.state_hash = published.state_hash
+    assert receiver.held() == (0, published.state_hash)
+    update = store.update_for(*receiver.held())
+    assert update.kind == "patch"
+    assert receiver.apply(update)
+    assert torch.equal(receiver.weights["w"], v1["w"])
+    assert torch.equal(v0["w"], torch.arange(8, dtype=torch.bfloat16))  # untouched

@@ -152,3 +152,38 @@ def test_clocks():
     time.sleep(0.001)
     t1 = wall.now()
     assert 0.0 <= t0 < t1 < 5.0
+
+
+def test_a_deferred_event_runs_as_if_scheduled_at_its_resolved_time_with_its_sequence():
+    """A deferred event learns its time at the top of the queue; ties with it still break by scheduling order."""
+    loop = EventLoop()
+    order: list[tuple[float, str]] = []
+    resolved: list[str] = []
+
+    def exact() -> float:
+        resolved.append("deferred")
+        return 5.0
+
+    loop.schedule_deferred(2.0, exact, lambda: order.append((loop.now, "deferred")))
+    loop.schedule(5.0, lambda: order.append((loop.now, "later tie")))  # scheduled after it: runs after it
+    loop.schedule(3.0, lambda: order.append((loop.now, "between")))
+    loop.schedule(1.0, lambda: order.append((loop.now, "before")))
+    assert loop.peek() == 1.0
+    assert resolved == []
+    assert loop.run() == 4
+    assert order == [(1.0, "before"), (3.0, "between"), (5.0, "deferred"), (5.0, "later tie")]
+    assert resolved == ["deferred"]
+
+
+def test_a_deferred_event_respects_run_until_deadlines_and_bounds():
+    loop = EventLoop()
+    seen: list[float] = []
+    loop.schedule_deferred(1.0, lambda: 7.0, lambda: seen.append(loop.now))
+    loop.run_until(5.0)
+    assert seen == []
+    assert loop.now == 5.0
+    loop.run()
+    assert seen == [7.0]
+    loop.schedule_deferred(8.0, lambda: 7.5, lambda: None, label="early")
+    with pytest.raises(ValueError, match="before its lower bound"):
+        loop.run()

@@ -38,6 +38,12 @@ class ClusterConfig(Strict):
         description="Backpressure (async): a sampler starts no new generation while the groups queued at the learner "
         "or being generated would exceed this many learner steps' worth; None = unbounded.",
     )
+    share_weights: bool = Field(
+        True,
+        description="Simulator: samplers on fault-free links take the learner's published wire-dtype tensors by "
+        "reference (the same bits; sizes and hashes still come from the real encode, settled in the background) "
+        "instead of decoding the update's bytes; links with faults always carry bytes. False: every update is decoded.",
+    )
     consume: Literal["oldest", "freshest"] = Field(
         "oldest",
         description="Which eligible groups a learner step takes first: the oldest (arrival order) or the freshest "

@@ -53,6 +53,13 @@ class LearnerConfig(Strict):
         ge=1,
         description="Dynamic batching: accumulate over micro-batches of whole groups under this many tokens.",
     )
+    share_prompt: bool = Field(
+        False,
+        description="Train each group's prompt once: its G completions packed after one copy of the prompt, each "
+        "attending to the prompt and itself, with no padding (heterorl.packing). The same loss and gradient up to "
+        "float rounding for ~(P + G*L) / (G*(P + L)) of the tokens; off by default because the rounding differs "
+        "from the padded batch's, so a run is not bit-identical to one without it.",
+    )
     autocast_bf16: bool = Field(False, description="Run the learner's forward pass under bf16 autocast (GPU).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     lr: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")

@@ -53,11 +53,7 @@ class TransformersEngine(RolloutEngine):
         if self._version < 0:
             raise EngineError("the engine has no weights yet")
         return self.policy.iter_generate(
-            prompt_ids_KP.repeat_interleave(group_size, 0),
-            prompt_mask_KP.repeat_interleave(group_size, 0),
-            params,
-            self.generator,
-            lambda: self._version,
+            prompt_ids_KP, prompt_mask_KP, params, self.generator, lambda: self._version, repeats=group_size
         )
 
     def score(

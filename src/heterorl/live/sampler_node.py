@@ -45,6 +45,8 @@ from heterorl.transport.http.client import FINISHED, FINISHED_WAIT, Backoff, Lea
 from heterorl.transport.http.sink import http_transport
 from heterorl.weights.envelope import EnvelopeError, decode_update
 
+SETTLE_AFTER_FINISH_S = 5.0  # how long a finished sampler waits for the verdicts of groups it already sent
+
 
 @dataclass
 class _Chunk:
@@ -84,6 +86,7 @@ class LiveSampler:
         self.started = time.monotonic()
         self.busy_seconds = 0.0
         self.counts: Counter[str] = Counter()
+        self.settling: set[asyncio.Task[None]] = set()  # groups sent, awaiting the learner's verdict
         rng = random.Random(sampler_seed(cfg.seed, worker.index) + 1)  # the client's retries use the node seed
         self.retry = Backoff(cfg.live.backoff_initial_s, cfg.live.backoff_max_s, rng)
         self.gen_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generate")
@@ -102,6 +105,8 @@ class LiveSampler:
             done, _ = await asyncio.wait([*tasks, done_waiter], return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 task.result()  # re-raise a loop's error (learner unreachable, token refused)
+            if self.settling:  # the run is over: let verdicts already on their way settle, so the counts are whole
+                await asyncio.wait(self.settling, timeout=SETTLE_AFTER_FINISH_S)
         finally:
             for task in [*tasks, done_waiter]:
                 task.cancel()
@@ -279,7 +284,7 @@ class LiveSampler:
     async def _push_loop(self) -> None:
         """Send groups in order; settle each with the learner's verdict. At most `max_in_flight` groups await a
         verdict at once (HTTP: 1, so each POST is answered before the next goes out)."""
-        settling: set[asyncio.Task[None]] = set()
+        settling = self.settling
         limit = self.transport.rollouts.max_in_flight
         while not self.finished.is_set():
             group, payload, future = await self.outbox.get()
@@ -287,7 +292,8 @@ class LiveSampler:
             verdicts = [await self.transport.rollouts.send(p, digest) for p in await self.link.outbound(payload)]
             settling.add(asyncio.create_task(self._settle(group, verdicts, future)))
             while settling and (len(settling) >= limit or any(t.done() for t in settling)):
-                done, settling = await asyncio.wait(settling, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(settling, return_when=asyncio.FIRST_COMPLETED)
+                settling -= done
                 for task in done:
                     task.result()  # a transport that gave up raises here
 

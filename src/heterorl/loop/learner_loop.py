@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from heterorl import failpoints
 from heterorl.config import RunConfig
 from heterorl.frictions import KINDS as FRICTION_KINDS
@@ -113,6 +115,7 @@ class LearnerLoop:
         self.published_version = -1  # the newest version handed to the publisher
         self.served_ceiling = -1  # the newest version an earlier life of this learner may have served (resume)
         self.before_publish: Callable[[int], None] | None = None  # the driver's hook (a durable mark)
+        self.published_weights: dict[str, torch.Tensor] = {}  # its wire-dtype tensors (read-only)
         self.busy_seconds = 0.0  # clock seconds spent training
         self.clock_before = 0.0  # clock seconds of earlier lives of this run (resume)
         self.resumes = 0
@@ -150,10 +153,12 @@ class LearnerLoop:
         self.publish()
 
     def publish(self) -> None:
-        """Hand the learner's current version to the publisher (it waits for the previous one first)."""
+        """Hand the learner's current version to the publisher (it waits for the previous one first). The exported
+        tensors stay readable as `published_weights` (nothing writes to them: in-process samplers may share them)."""
         if self.before_publish is not None:
             self.before_publish(self.learner.version)
-        self.publisher.submit(self.learner.version, self.learner.export_weights())
+        self.published_weights = self.learner.export_weights()
+        self.publisher.submit(self.learner.version, self.published_weights)
         self.published_version = self.learner.version
 
     def offer(self, body: bytes, digest: str | None = None) -> Verdict:

@@ -23,9 +23,10 @@ from collections.abc import Generator
 from heterorl.config import RunConfig
 from heterorl.engines.base import EngineError
 from heterorl.loop.intake import ACKED
+from heterorl.loop.shared_weights import SharedReceiver, SharedUpdate
 from heterorl.rollout import RolloutGroup
 from heterorl.sampler import Sampler
-from heterorl.weights import Update, WeightReceiver
+from heterorl.weights import Update
 
 # What parsing hostile bytes can raise (PatchError and EnvelopeError are ValueErrors); a bug raises anything else
 HOSTILE_INPUT_ERRORS = (ValueError, RecursionError, OverflowError)
@@ -41,7 +42,7 @@ class SamplerWorker:
                 f"{sampler.engine.name!r} does not (set sampler.interruptible: false)"
             )
         self.index, self.sampler, self.name = index, sampler, sampler.sampler_id
-        self.receiver = WeightReceiver()
+        self.receiver = SharedReceiver()
         self.lock = threading.Lock()  # the receiver's weights and the engine's weights
         n, B = len(cfg.cluster.samplers), cfg.learner.groups_per_step
         self.chunk = math.ceil(B / n)
@@ -51,7 +52,8 @@ class SamplerWorker:
         self.applied = self.failed = self.ignored = 0  # weight updates
         self.last_error: str | None = None
         self.tokens = 0
-        self._loaded: tuple[int, str] | None = None
+        self._landed = 0  # updates that landed in the receiver,
+        self._loaded = 0  # and how many of them the engine has seen
         self._share_version = -1  # sync mode: the version whose share is being generated,
         self._share_left = 0  # how many of its groups still need an acknowledgement,
         self._in_flight = 0  # and how many are generated or on their way
@@ -62,24 +64,34 @@ class SamplerWorker:
         with self.lock:
             return self.receiver.held()
 
-    def receive(self, update: Update) -> bool:
+    def receive(self, update: Update | SharedUpdate) -> bool:
         """Apply one update; True when the receiver now holds a newer verified version. A duplicate of what it
         holds is ignored; a refused update (corrupt, wrong base) is counted and leaves the weights as they were,
-        and the next update asked for is a snapshot.
+        and the next update asked for is a snapshot. A `SharedUpdate` (the learner's own tensors, in-process) is
+        adopted as it is: it is the version's bits.
 
         The bytes came from the network, so a parse error the receiver did not turn into a refusal is a refusal
         here too (never an exception that stops the sampler); the engine keeps the weights it generates with,
         and the next update is a snapshot, which rewrites every weight."""
         with self.lock:
-            if (update.version, update.state_hash) == self.receiver.held():
-                self.ignored += 1
-                return False
-            try:
-                ok = self.receiver.apply(update)
-                self.last_error = self.receiver.last_error
-            except HOSTILE_INPUT_ERRORS as err:
-                ok, self.receiver.needs_snapshot = False, True
-                self.last_error = f"{type(err).__name__}: {str(err)[:200]}"
+            if isinstance(update, SharedUpdate):
+                held = self.receiver.version
+                if not self.receiver.needs_snapshot and held is not None and update.version <= held:
+                    self.ignored += 1
+                    return False
+                self.receiver.adopt(update)
+                ok = True
+            else:
+                if (update.version, update.state_hash) == self.receiver.held():
+                    self.ignored += 1
+                    return False
+                try:
+                    ok = self.receiver.apply(update)
+                except HOSTILE_INPUT_ERRORS as err:
+                    ok, self.receiver.needs_snapshot = False, True
+                    self.receiver.last_error = f"{type(err).__name__}: {str(err)[:200]}"
+            self.last_error = self.receiver.last_error
+            self._landed += ok
         if ok:
             self.applied += 1
         else:
@@ -96,12 +108,12 @@ class SamplerWorker:
     def refresh(self) -> bool:
         """Load the newest received weights into the engine if it generates with older ones."""
         with self.lock:
-            version, state_hash = self.receiver.version, self.receiver.state_hash
-            if version is None or state_hash is None or (version, state_hash) == self._loaded:
+            version = self.receiver.version
+            if version is None or self._landed == self._loaded:
                 return False
             assert self.receiver.weights is not None
             self.sampler.load_weights(version, self.receiver.weights)
-            self._loaded = (version, state_hash)
+            self._loaded = self._landed
         return True
 
     # ---------------------------------------------------------------- generation

@@ -8,7 +8,12 @@ Generation, training and weight encoding run for real (`heterorl.loop`); only ti
 
 Weights are pushed: a published version goes to every sampler at once, as the store's smallest update from what
 the sampler was last sent (a patch chain over a FIFO path, snapshots as the store decides), each copy through the
-learner's uplink (`cluster.learner_uplink_mbps`) first. With `transport.weights: store` the learner uploads each
+learner's uplink (`cluster.learner_uplink_mbps`) first. On a fault-free link (`cluster.share_weights`) the sampler
+takes the learner's published tensors themselves (`heterorl.loop.shared_weights`: the same bits, no decode), and
+the update's size -- which sets its arrival on a finite bandwidth and the traffic figures -- is settled when the
+background publish is done: the arrival is a deferred event no earlier than send time + delay, so the encode
+overlaps the next learner step instead of stalling the simulation; every pending send is settled, in sending
+order, before the next publish and whenever bytes must go out. With `transport.weights: store` the learner uploads each
 version once instead and samplers pull it at their next manifest poll (`heterorl.simulated.store`). An update the
 sampler refuses (corrupt, wrong base) makes it ask again from what it holds (a snapshot); a lost one is asked for
 again `link.retry_seconds` later. Rollout groups travel as their wire bytes and enter the learner through the
@@ -27,6 +32,7 @@ from heterorl.config import RunConfig
 from heterorl.loop.intake import ACKED, Verdict, body_digest
 from heterorl.loop.learner_loop import LearnerLoop, StepResult
 from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.loop.shared_weights import SharedUpdate
 from heterorl.network import Link
 from heterorl.policy import run_process
 from heterorl.rollout import RolloutGroup
@@ -79,6 +85,18 @@ class SimNode:
         return self.worker.name
 
 
+@dataclass
+class PendingSend:
+    """A shared (in-process) weight update on its way whose size is not settled yet: what the bytes path would have
+    charged at `at` is computed once the version's publish is done (`SimulatedCluster._settle`)."""
+
+    node: SimNode
+    at: float  # sending time
+    delay: float  # the path's delay sample, drawn at sending time as the bytes path draws it
+    update: SharedUpdate
+    arrival: float | None = None  # known at once on an unlimited link, else when settled
+
+
 class SimulatedCluster:
     """Runs the learner loop to `learner.steps` with the samplers on a virtual clock."""
 
@@ -99,6 +117,7 @@ class SimulatedCluster:
         self.warning = overgeneration_warning(cfg)
         self.uplink = SimUplink(cc.learner_uplink_mbps)
         self.store = SimStore(cfg, loop, lambda: events.now, len(workers)) if cfg.transport.uses_store else None
+        self.pending: list[PendingSend] = []  # shared updates sent, in sending order, whose sizes are not settled
 
     # ------------------------------------------------------------------ running
     def run(self) -> None:
@@ -107,6 +126,7 @@ class SimulatedCluster:
         self.events.run_until(lambda: self.loop.done)
         if not self.loop.done:
             raise RuntimeError("the simulation stalled: no event left before the last learner step")
+        self._settle()  # updates sent before the end count in the traffic, as they were sent
 
     def close(self) -> None:
         """Release the samplers' engines (a vLLM engine holds processes and memory)."""
@@ -133,17 +153,75 @@ class SimulatedCluster:
     # ------------------------------------------------------------------ weights path
     def _send_newest(self) -> None:
         """Push the newest version to every sampler: the smallest update from what it was sent before."""
-        self.loop.publisher.result()
         if self.store is not None and self.store.weights:
+            self.loop.publisher.result()
             self._upload_to_store()
             return
+        shared = None
         for node in self.nodes:
-            self._send_update(node)
+            if self._shares(node):
+                if shared is None:
+                    shared = SharedUpdate(self.loop.published_version, self.loop.published_weights, self._settle)
+                self._send_shared(node, shared)
+            else:
+                self._send_update(node)
+
+    def _shares(self, node: SimNode) -> bool:
+        """Does `node` take the learner's tensors by reference? (Not through the store, nor over a faulty link.)"""
+        return self.cc.share_weights and not node.weights.lossy and not (self.store is not None and self.store.weights)
+
+    def _send_shared(self, node: SimNode, update: SharedUpdate) -> None:
+        """Send `update` by reference: what it costs on the wire is settled later; so is its arrival, unless no
+        link it crosses has a bandwidth limit (then the size cannot change it)."""
+        assert all(p.node is not node for p in self.pending), f"{node.name} has an unsettled send"
+        if node.sent[0] == update.version:  # the store's noop: it was sent this version already
+            return
+        now = self.events.now
+        send = PendingSend(node, now, node.weights.draw_delay(), update)
+        self.pending.append(send)
+        label = f"weights v{update.version} -> {node.name}"
+        if node.weights.unlimited and self.uplink.bandwidth_mbps is None:
+            send.arrival = node.weights.arrive(now, 0, send.delay)  # its bytes are added to the path when settled
+            self.events.schedule(send.arrival, self._weights_arrive, node, update, label=label)
+        else:
+            self.events.schedule_deferred(
+                now + send.delay, lambda: self._arrival(send), self._weights_arrive, node, update, label=label
+            )
+
+    def _arrival(self, send: PendingSend) -> float:
+        self._settle()
+        assert send.arrival is not None
+        return send.arrival
+
+    def _settle(self) -> None:
+        """Settle every pending shared send, in sending order, as the bytes path would have charged it when it was
+        sent: the store's update from what the node was sent before (the store has not moved on: the next
+        publish starts only after this), its framed size through the uplink and the node's path, the traffic."""
+        if not self.pending:
+            return
+        self.loop.publisher.result()  # the version's publish: its patch, snapshot and hash are in the store
+        pending, self.pending = self.pending, []
+        for send in pending:
+            node = send.node
+            update = self.loop.store.update_for(*node.sent)
+            assert update.version == send.update.version, f"store at v{update.version}, sent v{send.update.version}"
+            send.update.state_hash = update.state_hash
+            node.sent = (update.version, update.state_hash)
+            nbytes = envelope_nbytes(update)
+            self.loop.traffic.sent(update.version, nbytes, self.loop.full_update_nbytes())
+            start = self.uplink.done_at(send.at, nbytes)
+            if send.arrival is None:
+                send.arrival = node.weights.arrive(start, nbytes, send.delay)
+            else:
+                node.weights.bytes_sent += nbytes
 
     def _send_update(self, node: SimNode) -> None:
+        """Send `node` the store's update from what it was sent before, as bytes (or through the store)."""
         if self.store is not None and self.store.weights:
             self._store_poll(node)
             return
+        self._settle()  # earlier shared sends go first through the uplink, and the store must be complete
+        self.loop.publisher.result()
         update = self.loop.store.update_for(*node.sent)
         if update.kind == "noop":
             return
@@ -193,10 +271,11 @@ class SimulatedCluster:
         self._deliver(node, update, nbytes, self.events.now, envelope)
 
     def _resend(self, node: SimNode) -> None:
+        self._settle()
         node.sent = node.worker.held()
         self._send_update(node)
 
-    def _weights_arrive(self, node: SimNode, message: Update | bytes) -> None:
+    def _weights_arrive(self, node: SimNode, message: Update | SharedUpdate | bytes) -> None:
         failed_before = node.worker.failed
         if isinstance(message, bytes):
             try:
@@ -297,6 +376,7 @@ class SimulatedCluster:
 
     def _train_done(self, result: StepResult, cost: float) -> None:
         self.learner_busy = False
+        self._settle()  # before the next publish moves the store on, and before the record counts the traffic
         now = max(self.events.now, 1e-12)
         for node in self.nodes:
             idle = 1.0 - node.busy_seconds / now

@@ -6,6 +6,12 @@ about samplers or learners.
 
 Determinism: events run in order of (time, sequence number), where the sequence number counts `schedule` calls.
 Ties in time therefore run first-in first-out, and the same schedule calls give the same run, bit for bit.
+
+Deferred events (`schedule_deferred`) are queued at a lower bound of their time and learn their exact time only when
+they reach the top of the queue (`resolve()`); a later time puts them back with their original sequence number.
+The run is therefore the same as if the exact time had been known when they were scheduled, while the work that
+fixes it (the simulated cluster: encoding the weight patch whose size sets an arrival) overlaps whatever runs
+before that bound.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ class EventHandle:
     label: str = field(default="", compare=False)
     cancelled: bool = field(default=False, compare=False)
     done: bool = field(default=False, compare=False)
+    resolve: Callable[[], float] | None = field(default=None, compare=False, repr=False)  # deferred: exact time
 
     def cancel(self) -> bool:
         """Cancel the event; returns False when it already ran or was already cancelled."""
@@ -87,14 +94,38 @@ class EventLoop:
             raise ValueError(f"negative delay {delay} for {label or callback!r}")
         return self.schedule(self._now + delay, callback, *args, label=label)
 
-    def _drop_cancelled(self) -> None:
-        # Cancellation is lazy: cancelled handles stay in the heap until they reach its top.
-        while self._queue and self._queue[0].cancelled:
-            heapq.heappop(self._queue)
+    def schedule_deferred(
+        self, at_least: float, resolve: Callable[[], float], callback: Callable[..., Any], *args: Any, label: str = ""
+    ) -> EventHandle:
+        """Queue `callback(*args)` for a time not known yet: no earlier than `at_least` (>= now), exactly `resolve()`,
+        which is called once, when the event reaches the top of the queue, and must not return less than
+        `at_least`. Ordering is that of an event scheduled now at the resolved time (module docstring)."""
+        handle = self.schedule(at_least, callback, *args, label=label)
+        handle.resolve = resolve
+        return handle
+
+    def _settle_top(self) -> None:
+        """Make the top of the queue a live event with its exact time: drop cancelled handles (cancellation is lazy)
+        and resolve deferred ones, putting back those that turn out later."""
+        while self._queue:
+            top = self._queue[0]
+            if top.cancelled:
+                heapq.heappop(self._queue)
+                continue
+            if top.resolve is None:
+                return
+            at, top.resolve = top.resolve(), None
+            _check_time(at, "resolved event time")
+            if at < top.time:
+                raise ValueError(f"{top.label or top.callback!r} resolved to {at}, before its lower bound {top.time}")
+            if at > top.time:  # the same handle (callers may hold it to cancel), later, with its sequence number
+                heapq.heappop(self._queue)
+                top.time = float(at)
+                heapq.heappush(self._queue, top)
 
     def peek(self) -> float | None:
-        """Time of the next live event, or None when nothing is pending."""
-        self._drop_cancelled()
+        """Time of the next live event, or None when nothing is pending (resolves a deferred event at the top)."""
+        self._settle_top()
         return self._queue[0].time if self._queue else None
 
     @property
@@ -104,7 +135,7 @@ class EventLoop:
 
     def step(self) -> bool:
         """Run the next live event; returns False (and does nothing) when none is pending."""
-        self._drop_cancelled()
+        self._settle_top()
         if not self._queue:
             return False
         handle = heapq.heappop(self._queue)

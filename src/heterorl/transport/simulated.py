@@ -32,12 +32,27 @@ class SimPath:
 
     def arrival(self, now: float, nbytes: int) -> float:
         """Arrival time of a message of `nbytes` sent at `now` (advances the path's state)."""
+        return self.arrive(now, nbytes, self.draw_delay())
+
+    def draw_delay(self) -> float:
+        """The next delay sample of this path's seeded stream (one per message, in sending order)."""
+        return self.link.delays[self.name].sample(self.link.delay_rngs[self.name])
+
+    def arrive(self, now: float, nbytes: int, delay: float) -> float:
+        """`arrival` with the message's delay drawn beforehand: a sender that learns the size later (the simulated
+        cluster's in-process weights) draws at sending time, keeping the stream's order, and settles here, in the
+        same order. The arrival is never before `now + delay`, and with unlimited bandwidth it does not depend on
+        `nbytes`."""
         start = max(now, self.free_at)
         self.free_at = start + bandwidth_seconds(nbytes, self.link.cfg.bandwidth_mbps)
-        delay = self.link.delays[self.name].sample(self.link.delay_rngs[self.name])
         self.last_arrival = max(self.free_at + delay, self.last_arrival)
         self.bytes_sent += nbytes
         return self.last_arrival
+
+    @property
+    def unlimited(self) -> bool:
+        """True when the size of a message does not affect its arrival."""
+        return self.link.cfg.bandwidth_mbps is None
 
     def send(self, now: float, payload: bytes) -> list[Delivery]:
         """The deliveries of `payload` sent at `now`: none (dropped), one, or two (duplicated)."""
