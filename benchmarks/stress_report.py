@@ -104,17 +104,16 @@ def objective_order(cells_: list[dict[str, Any]]) -> list[str]:
 def markdown(cells_: list[dict[str, Any]]) -> str:
     head = (
         "| lr | objective | max staleness | seeds | best acc % | last acc % | collapse | staleness | KL (k3) "
-        "| IS-weight var | ESS |\n" + "| --- " * 11 + "|\n"
+        "| IS-weight var | ESS |\n" + "| --- " * 11 + "|"
     )
-    rows = []
-    for c in cells_:
-        rows.append(
-            f"| {c['lr']:g} | {c['objective']} | {c['k']} | {len(c['seeds'])} "
-            f"| {c['best'] * 100:.1f} ± {c['best_std'] * 100:.1f} | {c['last'] * 100:.1f} ± {c['last_std'] * 100:.1f} "
-            f"| {round(c['collapse'] * len(c['seeds']))}/{len(c['seeds'])} | {c['staleness']:.1f} "
-            f"| {c['kl']:.3g} | {c['is_var']:.3g} | {c['ess']:.3f} |"
-        )
-    return head + "\n".join(rows) + "\n"
+    rows = [
+        f"| {c['lr']:g} | {c['objective']} | {c['k']} | {len(c['seeds'])} "
+        f"| {c['best'] * 100:.1f} ± {c['best_std'] * 100:.1f} | {c['last'] * 100:.1f} ± {c['last_std'] * 100:.1f} "
+        f"| {round(c['collapse'] * len(c['seeds']))}/{len(c['seeds'])} | {c['staleness']:.1f} "
+        f"| {c['kl']:.3g} | {c['is_var']:.3g} | {c['ess']:.3f} |"
+        for c in cells_
+    ]
+    return head + "\n" + "\n".join(rows) + "\n"
 
 
 def pivot(cells_: list[dict[str, Any]], stat: str, scale: float = 1.0, fmt: str = ".1f") -> str:
@@ -133,6 +132,10 @@ def pivot(cells_: list[dict[str, Any]], stat: str, scale: float = 1.0, fmt: str 
                     values.append("-")
                 elif stat == "collapse":
                     values.append(f"{round(c['collapse'] * len(c['seeds']))}/{len(c['seeds'])}")
+                elif stat == "last_collapse":  # last accuracy with the collapses in brackets
+                    collapsed = round(c["collapse"] * len(c["seeds"]))
+                    text = f"{c['last'] * 100:.1f} ± {c['last_std'] * 100:.1f}"
+                    values.append(text + (f" ({collapsed})" if collapsed else ""))
                 else:
                     values.append(f"{c[stat] * scale:{fmt}}")
             out.append(f"| {objective} | " + " | ".join(values) + " |")
@@ -155,8 +158,8 @@ def plot_accuracy(cells_: list[dict[str, Any]], path: Path) -> None:
         for col, lr in enumerate(lrs):
             ax = axes[row][col]
             for i, objective in enumerate(objectives):
-                pts = [(c["k"], c[stat], c[stat + "_std"]) for c in cells_ if c["objective"] == objective and c["lr"] == lr]
-                pts.sort()
+                mine = [c for c in cells_ if c["objective"] == objective and c["lr"] == lr]
+                pts = sorted((c["k"], c[stat], c[stat + "_std"]) for c in mine)
                 if not pts:
                     continue
                 xs = [ks.index(p[0]) + (i - (len(objectives) - 1) / 2) * 0.04 for p in pts]
@@ -205,17 +208,21 @@ def _ranks(values: list[float]) -> list[float]:
 
 
 def correlations(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Pearson of the values given (logs, here) and Spearman (Pearson of the ranks)."""
+    """Pearson of the values given (logs, here) and Spearman (Pearson of the ranks); NaN if one is constant."""
+    if len(set(xs)) < 2 or len(set(ys)) < 2:
+        return float("nan"), float("nan")
     return statistics.correlation(xs, ys), statistics.correlation(_ranks(xs), _ranks(ys))
 
 
 def chain(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Correlations along staleness -> KL -> weight variance, over async runs (sync has no staleness to speak of),
-    pooled and per objective; logs of KL and variance (they span orders of magnitude)."""
-    usable = [r for r in runs if r["kl"] > 0 and r["is_var"] > 0 and r["k"] > 0]
+    """Correlations along staleness -> KL -> weight variance over every run (synchronous ones at staleness 0),
+    pooled, per learning rate and per objective; logs of KL and variance (they span orders of magnitude)."""
+    usable = [r for r in runs if r["kl"] > 0 and r["is_var"] > 0]
+    subsets = [("all runs", usable)]
+    subsets += [(f"lr {lr:g}", [r for r in usable if r["lr"] == lr]) for lr in sorted({r["lr"] for r in usable})]
+    subsets += [(o, [r for r in usable if r["objective"] == o]) for o in objective_order(usable)]
     out: dict[str, Any] = {}
-    for name, members in [("all", usable), *((o, [r for r in usable if r["objective"] == o]) for o in
-                                             objective_order(usable))]:
+    for name, members in subsets:
         if len(members) < 3:
             continue
         log_kl = [math.log10(r["kl"]) for r in members]
@@ -249,7 +256,7 @@ def plot_chain(runs: list[dict[str, Any]], coefficients: dict[str, Any], path: P
             style = {"color": colors(i), "marker": markers[j % len(markers)], "s": 16, "alpha": 0.75}
             axes[0].scatter([r["staleness"] for r in members], [r["kl"] for r in members], **style)
             axes[1].scatter([r["kl"] for r in members], [r["is_var"] for r in members], **style)
-    pooled = coefficients.get("all")
+    pooled = coefficients.get("all runs")
     axes[0].set_xlabel("mean observed staleness (steps)")
     axes[0].set_ylabel("learner–sampler KL (k3, mean over steps)")
     axes[0].set_yscale("log")
@@ -259,7 +266,7 @@ def plot_chain(runs: list[dict[str, Any]], coefficients: dict[str, Any], path: P
     axes[1].set_yscale("log")
     if pooled:
         axes[0].set_title(
-            "staleness → KL: Pearson(log) {:.2f}, Spearman {:.2f} (async runs)".format(*pooled["staleness_kl"]),
+            "staleness → KL: Pearson(log) {:.2f}, Spearman {:.2f}".format(*pooled["staleness_kl"]),
             fontsize="medium",
         )
         axes[1].set_title(
@@ -267,10 +274,11 @@ def plot_chain(runs: list[dict[str, Any]], coefficients: dict[str, Any], path: P
             fontsize="medium",
         )
     for ax in axes:
-        ax.grid(alpha=0.3, which="both")
+        ax.grid(alpha=0.3)
     handles = [plt.Line2D([], [], color=colors(i), marker="o", linestyle="") for i in range(len(objectives))]
-    handles += [plt.Line2D([], [], color="black", marker=markers[j % len(markers)], linestyle="") for j in
-                range(len(lrs))]
+    handles += [
+        plt.Line2D([], [], color="black", marker=markers[j % len(markers)], linestyle="") for j in range(len(lrs))
+    ]
     labels = objectives + [f"lr {lr:g}" for lr in lrs]
     fig.legend(handles, labels, loc="lower center", ncols=min(len(labels), 7), fontsize="medium")
     fig.tight_layout(rect=(0, 0.1, 1, 1))
@@ -293,8 +301,8 @@ def main() -> None:
         f"# {args.root.name}: {len(runs)} runs, {len(table)} cells\n",
         "## Every cell (mean ± std over seeds; collapse = runs ending below their warm start)\n",
         markdown(table),
-        "## Last accuracy, %\n",
-        pivot(table, "last", 100.0),
+        "## Last accuracy, % (mean ± std; in brackets the runs that ended below the warm start)\n",
+        pivot(table, "last_collapse"),
         "## Best accuracy, %\n",
         pivot(table, "best", 100.0),
         "## Collapse (runs ending below the warm start / runs)\n",
@@ -305,8 +313,8 @@ def main() -> None:
         pivot(table, "is_var", fmt=".3g"),
         "## ESS\n",
         pivot(table, "ess", fmt=".3f"),
-        "## Chain correlations (async runs; Pearson of logs, Spearman)\n",
-        "| runs of | n | staleness → log KL | log KL → log IS var | log lr → log KL |\n| --- | --- | --- | --- | --- |\n",
+        "## Chain correlations (Pearson of logs / Spearman; synchronous runs at staleness 0)\n",
+        "| runs | n | staleness → log KL | log KL → log IS var | log lr → log KL |\n| --- | --- | --- | --- | --- |",
         "\n".join(
             f"| {name} | {c['runs']} | {c['staleness_kl'][0]:.2f} / {c['staleness_kl'][1]:.2f} "
             f"| {c['kl_isvar'][0]:.2f} / {c['kl_isvar'][1]:.2f} | {c['lr_kl'][0]:.2f} / {c['lr_kl'][1]:.2f} |"
