@@ -77,6 +77,9 @@ def load_runs(root: Path) -> list[dict[str, Any]]:
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample std; a non-finite value (a weight variance that overflowed) makes both non-finite."""
+    if not all(math.isfinite(v) for v in values):
+        return float(sum(values)) / len(values), float("nan")
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
