@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from conftest import REPO, smoke_config
@@ -104,3 +105,26 @@ def test_optional_sinks_are_written_by_the_run(tiny_model_dir: Path, tmp_path: P
     execute(cfg, tmp_path / "run", show_progress=False)
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
     assert list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+
+
+def test_pretrain_seed_shares_one_base_model_across_run_seeds(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from heterorl.pretrain import base_model_key, pretrain
+
+    def key(*overrides: str) -> str:
+        return base_model_key(smoke_config(*overrides))
+
+    assert key("seed=1", "pretrain.seed=5") == key("seed=2", "pretrain.seed=5") == key("seed=5")
+    assert key("seed=1") != key("seed=2")  # None: the run's seed, as before
+    assert key("seed=1") == key("seed=1", "pretrain.seed=null")
+
+    def weights(*overrides: str):
+        out = tmp_path / "-".join(overrides)
+        pretrain(smoke_config("pretrain.max_steps=2", "pretrain.eval_every=1000", *overrides), out, False)
+        return load_file(out / "model.safetensors")
+
+    shared, own = weights("seed=5"), weights("seed=9", "pretrain.seed=5")
+    assert all(torch.equal(shared[name], own[name]) for name in shared)
+    other = weights("seed=9")
+    assert any(not torch.equal(shared[name], other[name]) for name in shared)

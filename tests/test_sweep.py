@@ -270,3 +270,12 @@ def test_parallel_callers_pretrain_a_base_model_once(tmp_path: Path, monkeypatch
         t.join()
     assert len(calls) == 1
     assert sorted(r.cached for r in results) == [False, True]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "sweeps").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_sweep_expands_into_valid_configs(path: Path) -> None:
+    sweep = load_sweep(path)
+    runs = expand(sweep)
+    configs = resolve_configs(sweep, runs)  # raises, naming the point, if any config is invalid
+    assert len(configs) == len(runs) == len({r.name for r in runs})
+    assert {c.seed for c in configs} == set(sweep.spec.seeds)

@@ -49,15 +49,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HETERORL_CACHE", Path.home() / ".cache" / "heterorl"))
 
 
+def pretrain_seed(cfg: RunConfig) -> int:
+    """The warm start's seed: `pretrain.seed`, or the run's seed when that is None."""
+    return cfg.seed if cfg.pretrain.seed is None else cfg.pretrain.seed
+
+
 def base_model_key(cfg: RunConfig) -> str:
-    """Hash of everything that determines the pretrained base model."""
+    """Hash of everything that determines the pretrained base model (the run's seed only through `pretrain_seed`,
+    so a base built with `pretrain.seed: s` is the one a run with seed s and no `pretrain.seed` builds)."""
     payload = {
         "format": CACHE_FORMAT,
         "characters": CHARACTERS,
-        "seed": cfg.seed,
+        "seed": pretrain_seed(cfg),
         "model": cfg.model.model_dump(exclude={"path", "device"}),
         "task": cfg.task.model_dump(),
-        "pretrain": cfg.pretrain.model_dump(),
+        "pretrain": cfg.pretrain.model_dump(exclude={"seed"}),
         "max_new_tokens": cfg.sampler.max_new_tokens,
         "threads": cfg.runtime.threads,
     }
@@ -106,8 +112,9 @@ def pretrain(cfg: RunConfig, out_dir: str | Path, show_progress: bool = True) ->
 def _pretrain(cfg: RunConfig, out: Path, show_progress: bool) -> PretrainResult:
     pc = cfg.pretrain
     task: Task = make_task(cfg.task)
-    policy = Policy.from_config(cfg.model, seed=cfg.seed)
-    stream = task.train_stream(cfg.seed + 17)
+    seed = pretrain_seed(cfg)
+    policy = Policy.from_config(cfg.model, seed=seed)
+    stream = task.train_stream(seed + 17)
     val = [next(stream) for _ in range(pc.eval_size)]
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=pc.lr, weight_decay=0.0)
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, pc.warmup_steps)))

@@ -118,6 +118,12 @@ class PretrainConfig(Strict):
     )
     eval_every: int = Field(25, ge=1, description="Steps between accuracy checks.")
     eval_size: int = Field(128, ge=1, description="Held-out prompts for the accuracy checks.")
+    seed: int | None = Field(
+        None,
+        ge=0,
+        description="Seed of the warm start (initialisation and data); None: the run's seed. Fix it to share one "
+        "base model across the seeds of a sweep, so that the seed varies only the RL run.",
+    )
 
 
 class EvalConfig(Strict):
