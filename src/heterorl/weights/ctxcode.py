@@ -39,13 +39,14 @@ from heterorl.weights.classes import (
 )
 from heterorl.weights.format import UINT, PatchError, get_int
 from heterorl.weights.intcode import (
+    DIFFERENCES,
     StreamSpec,
     compress_parts,
     decode_uints,
+    decode_values,
     decompress_exact,
     encode_uints,
     uint_for,
-    unzigzag_plus_one,
     zigzag_minus_one,
 )
 from heterorl.weights.plain import decode_positions
@@ -301,17 +302,21 @@ def _ranks(spec: ClassSpec, buf_U: np.ndarray, what: str) -> np.ndarray:
 
 
 def decode_segment(
-    code: SegmentCode, frame: memoryview, base_U: np.ndarray, what: str, workers: int = 1
+    code: SegmentCode, frame: memoryview, base_U: np.ndarray | None, what: str, workers: int = 1
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """A segment's changes given its base bits: one (sorted positions int64, wrapped differences) run per class
-    that changed; runs are disjoint."""
-    value_dtype = UINT[base_U.itemsize]
+    """A segment's changes given its base bits (needed only when it has classes, i.e. bounds): one (sorted
+    positions int64, wrapped differences) run per class that changed; runs are disjoint."""
+    code_width = torch.empty((), dtype=code.dtype).element_size()
+    value_dtype = UINT[code_width]
     if code.count == 0:
         decompress_exact(frame, 0, what)
         return []
     raw_U = decompress_exact(frame, code.raw_nbytes, what)
     mask = magnitude_mask(code.dtype)
-    member_lists = members(base_U, mask, code.bounds, None, workers) if code.bounds and mask is not None else []
+    member_lists = []
+    if code.bounds and mask is not None:
+        assert base_U is not None, "a segment with classes decodes against its base"
+        member_lists = members(base_U, mask, code.bounds, None, workers)
     runs = []
     cursor = 0
     for c, spec in enumerate(code.classes):
@@ -324,19 +329,17 @@ def decode_segment(
         ranks = _ranks(spec, raw_U[cursor : cursor + size], what)
         cursor += size
         size = sum(spec.value_sizes())
-        if spec.val_mode == "bits":
-            codes_C = _unpack_flags(raw_U[cursor : cursor + size], spec.count, what).astype(value_dtype)
+        if spec.val_mode == "bits":  # codes 0 / 1: the differences -1 / +1 by table
+            delta_C = np.take(DIFFERENCES[code_width], _unpack_flags(raw_U[cursor : cursor + size], spec.count, what))
         else:
             assert spec.values is not None
-            codes_C = decode_uints(raw_U[cursor : cursor + size], spec.count, spec.values, value_dtype)
-            if (codes_C == np.iinfo(value_dtype).max).any():
-                raise PatchError(f"{what}: a value code decodes to a zero change")
+            delta_C = decode_values(raw_U[cursor : cursor + size], spec.count, spec.values, value_dtype, what)
         cursor += size
         if top:
-            if code.bounds and (magnitudes(np.take(base_U, ranks), mask) < base_U.dtype.type(code.bounds[-1])).any():
+            if member_lists and (magnitudes(np.take(base_U, ranks), mask) < value_dtype(code.bounds[-1])).any():
                 raise PatchError(f"{what}: a top-class position is not in the top class")
             positions = ranks
         else:
             positions = member_lists[c].at(ranks)
-        runs.append((positions, unzigzag_plus_one(codes_C)))
+        runs.append((positions, delta_C))
     return runs

@@ -15,14 +15,13 @@ SEGMENT_MIN elements; a tensor that size or larger is a segment of its own.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from heterorl.weights import ctxcode, hashing
+from heterorl.weights import ctxcode, staged
 from heterorl.weights.classes import PARALLEL_MIN
 from heterorl.weights.format import DTYPES, PatchError, TensorMeta, dtype_name, get_int, get_str, parallel_map
 
@@ -40,15 +39,6 @@ class Segment:
     offset: int
     nbytes: int
     code: ctxcode.SegmentCode
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A decoded, not yet applied segment: per-tensor digests before / after, and how to write it."""
-
-    base_digests: list[bytes]
-    result_digests: list[bytes]
-    commit: Callable[[], None]
 
 
 def group(layouts: Sequence[Layout]) -> list[list[int]]:
@@ -172,54 +162,37 @@ def _split_by_size(items: Sequence, big: Sequence[bool], fn: Callable, workers: 
     return out
 
 
-def prepare(
-    segments: Sequence[Segment],
-    counts: Sequence[int],
-    views: Sequence[np.ndarray],
-    payload: memoryview,
-    workers: int,
-) -> list[Prepared]:
-    """Decode every segment against the receiver's bits (`views`, one per tensor) without writing them."""
+def units(
+    segments: Sequence[Segment], counts: Sequence[int], views: Sequence[np.ndarray], payload: memoryview
+) -> list[staged.Unit]:
+    """One decode unit per segment, decoded against the receiver's bits (`views`, one per tensor)."""
 
-    def one(seg: Segment, threads: int) -> Prepared:
-        frame = payload[seg.offset : seg.offset + seg.nbytes]
-        what = f"segment at tensor {seg.first}"
-        parts = views[seg.first : seg.first + seg.size]
-        if seg.size == 1:
-            return _prepare_tensor(seg, frame, parts[0], what, threads)
-        result_U = np.concatenate(parts)  # a copy: decoded against, then patched in place
-        offsets = np.cumsum([0] + [p.size for p in parts])
-        per_tensor = np.zeros(seg.size, np.int64)
-        for pos, delta in ctxcode.decode_segment(seg.code, frame, result_U, what):
-            per_tensor += np.diff(np.searchsorted(pos, offsets))  # a run's positions are sorted
-            result_U[pos] += delta
-        if per_tensor.tolist() != list(counts[seg.first : seg.first + seg.size]):
-            raise PatchError(f"{what}: changes per tensor {per_tensor.tolist()} differ from the tensor list")
-        slices = [result_U[offsets[j] : offsets[j + 1]] for j in range(seg.size)]
+    def unit(seg: Segment) -> staged.Unit:
+        def decode(threads: int) -> staged.Runs:
+            frame = payload[seg.offset : seg.offset + seg.nbytes]
+            what = f"segment at tensor {seg.first}"
+            parts = views[seg.first : seg.first + seg.size]
+            if not seg.code.bounds:  # one class: positions are flat, the base is not needed to decode
+                base_U = None
+            elif seg.size == 1:
+                base_U = parts[0]
+            else:  # the classes enumerate the segment's concatenated bits (small tensors: ~L2-sized copies)
+                base_U = np.concatenate(parts)
+            runs = ctxcode.decode_segment(seg.code, frame, base_U, what, threads)
+            if seg.size > 1:
+                _check_counts(runs, parts, counts[seg.first : seg.first + seg.size], what)
+            return runs
 
-        def copy_back() -> None:
-            for view, part in zip(parts, slices, strict=True):
-                np.copyto(view, part)
+        return staged.Unit(seg.first, seg.size, seg.code.numel, decode)
 
-        return Prepared([hashing.bits_digest(p) for p in parts], [hashing.bits_digest(s) for s in slices], copy_back)
-
-    big = [seg.size == 1 and seg.code.numel >= PARALLEL_MIN for seg in segments]
-    return _split_by_size(segments, big, one, workers)
+    return [unit(seg) for seg in segments]
 
 
-def _prepare_tensor(seg: Segment, frame: memoryview, base_U: np.ndarray, what: str, threads: int) -> Prepared:
-    """A one-tensor segment: decode (class enumeration in `threads` ranges, the base hashed meanwhile in
-    another thread), then the result digest on scratch chunks."""
-    with ThreadPoolExecutor(1) as pool:
-        base_digest = pool.submit(hashing.bits_digest, base_U) if threads > 1 else None
-        decoded = ctxcode.decode_segment(seg.code, frame, base_U, what, threads)
-        runs = [(pos, np.add(np.take(base_U, pos), delta)) for pos, delta in decoded]
-        before, after = hashing.patched_digests(base_U, runs, base_digest=base_digest and base_digest.result())
-
-    def write_run(run: tuple[np.ndarray, np.ndarray]) -> None:
-        base_U[run[0]] = run[1]
-
-    def write() -> None:
-        parallel_map(write_run, runs, threads)
-
-    return Prepared([before], [after], write)
+def _check_counts(runs: staged.Runs, parts: Sequence[np.ndarray], counts: Sequence[int], what: str) -> None:
+    """A multi-tensor segment's changes per tensor must match the tensor list's counts."""
+    offsets = np.cumsum([0] + [p.size for p in parts])
+    per_tensor = np.zeros(len(parts), np.int64)
+    for pos, _ in runs:
+        per_tensor += np.diff(np.searchsorted(pos, offsets))  # a run's positions are sorted
+    if per_tensor.tolist() != list(counts):
+        raise PatchError(f"{what}: changes per tensor {per_tensor.tolist()} differ from the tensor list")

@@ -14,8 +14,9 @@ import xxhash
 
 from heterorl.weights.format import UINT, bits_view
 
-CHUNK = 1 << 18  # elements per pass step: keeps base, new and scratch chunks in L2 while diffing and hashing
+CHUNK_BYTES = 1 << 18  # bytes of each tensor per pass step: base and new chunks (512 KB) stay in L2
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_EMPTY = xxhash.xxh3_128().digest()
 
 
 def scan_cpu(
@@ -24,26 +25,67 @@ def scan_cpu(
     """(sorted changed positions int64, wrapped differences new - base, base digest, new digest).
 
     A digest that was not asked for is the digest of nothing (callers ignore it).
+
+    One pass over memory: chunk by chunk, xxh3 reads base and new from memory into L2 and the comparison works
+    on that cached chunk. Elements are compared eight bytes at a time (four bf16 per 64-bit word):
+    `np.flatnonzero` costs ~0.6 ns per flag whatever the density, so one flag per word instead of one per element
+    is what makes the scan fast (at 3% changes 11.5% of bf16 words differ). The differing words of both sides
+    are gathered while their chunk is cached; splitting them into elements then happens once per tensor, on
+    ~4 x 11.5% of its elements, so a chunk costs five array operations plus the two hash updates.
     """
     base_h, new_h = xxhash.xxh3_128(), xxhash.xxh3_128()
-    found = []
-    differ = np.empty(min(CHUNK, base_U.size), np.bool_)  # reused: a fresh temporary per chunk costs ~50% more
-    for start in range(0, base_U.size, CHUNK):
-        b, n = base_U[start : start + CHUNK], new_U[start : start + CHUNK]
+    lanes = 8 // base_U.itemsize
+    head = base_U.size - base_U.size % lanes
+    words_b, words_n = base_U[:head].view(np.uint64), new_U[:head].view(np.uint64)
+    step = CHUNK_BYTES // 8  # words per chunk
+    differ = np.empty(min(step, words_b.size), np.bool_)  # reused: a fresh temporary per chunk costs more
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (word indices, base words, new words)
+    for start in range(0, words_b.size, step):
+        b, n = words_b[start : start + step], words_n[start : start + step]
         if hash_base:
             base_h.update(b)
         if hash_new:
             new_h.update(n)
-        out = differ[: b.size]
-        np.not_equal(b, n, out=out)
-        idx = np.flatnonzero(out)
-        if idx.size:
-            idx += start
-            found.append(idx)
-    pos_K = np.concatenate(found) if found else np.zeros(0, np.int64)
-    delta_K = np.take(new_U, pos_K)
-    delta_K -= np.take(base_U, pos_K)  # exact: unsigned arithmetic wraps mod 2^width
+        flags = differ[: b.size]
+        np.not_equal(b, n, out=flags)
+        cand = np.flatnonzero(flags)
+        if cand.size:
+            found.append((cand + start, np.take(b, cand), np.take(n, cand)))
+    pos_K, delta_K = _split_words(found, lanes, base_U.dtype)
+    if head < base_U.size:  # the last < `lanes` elements of a tensor whose size is not a multiple of a word
+        b, n = base_U[head:], new_U[head:]
+        if hash_base:
+            base_h.update(b)
+        if hash_new:
+            new_h.update(n)
+        pos = np.flatnonzero(b != n)
+        pos_K = np.concatenate((pos_K, pos + head))
+        delta_K = np.concatenate((delta_K, np.take(n, pos) - np.take(b, pos)))
     return pos_K, delta_K, base_h.digest(), new_h.digest()
+
+
+def _split_words(
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]], lanes: int, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray]:
+    """Element positions and differences from differing words (index, base word, new word)."""
+    if not found:
+        return np.zeros(0, np.int64), np.zeros(0, dtype)
+    if len(found) == 1:
+        cand, b_W, n_W = found[0]
+    else:
+        cand, b_W, n_W = (np.concatenate(parts) for parts in zip(*found, strict=True))
+    if lanes == 1:
+        delta = n_W.view(dtype) - b_W.view(dtype)
+        return cand, delta
+    b_L, n_L = b_W.view(dtype), n_W.view(dtype)
+    lane = np.flatnonzero(b_L != n_L)
+    delta = np.take(n_L, lane)
+    delta -= np.take(b_L, lane)  # exact: unsigned arithmetic wraps mod 2^width
+    shift = lanes.bit_length() - 1  # lanes is 2, 4 or 8: shifts, since int64 division costs ~3x more
+    pos = np.take(cand, lane >> shift)
+    pos <<= shift
+    pos |= lane & (lanes - 1)
+    return pos, delta
 
 
 def int_view(t: torch.Tensor) -> torch.Tensor:
@@ -66,7 +108,7 @@ def scan_device(
     delta_K = delta_T.cpu().numpy().view(UINT[itemsize])
     digests = []
     for t, wanted in ((base_t, hash_base), (new_t, hash_new)):
-        digests.append(xxhash.xxh3_128(bits_view(t.detach().cpu())).digest() if wanted else xxhash.xxh3_128().digest())
+        digests.append(xxhash.xxh3_128(bits_view(t.detach().cpu())).digest() if wanted else _EMPTY)
     return pos_K, delta_K, digests[0], digests[1]
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from heterorl.weights import ctxpatch, hashing, plain
+from heterorl.weights import ctxpatch, hashing, plain, staged
 from heterorl.weights.diffscan import int_view, scan, scan_device
 from heterorl.weights.format import (
     CTX_FORMAT_VERSION,
@@ -246,20 +246,12 @@ def _parse(patch: Blobish) -> tuple[_Header, memoryview]:
     return parsed, blob.payload
 
 
-def _prepare_v1(header: _Header, payload: memoryview, views: list[np.ndarray], workers: int) -> list[ctxpatch.Prepared]:
-    def one(i: int) -> ctxpatch.Prepared:
-        base_U = views[i]
-        pos_K, delta_K = header.plain[i].decode(payload)
-        new_K = np.take(base_U, pos_K)
-        new_K += delta_K
-        before, after = hashing.patched_digests(base_U, [(pos_K, new_K)])
+def _units_v1(header: _Header, payload: memoryview) -> list[staged.Unit]:
+    def unit(i: int) -> staged.Unit:
+        plain_tensor = header.plain[i]
+        return staged.Unit(i, 1, plain_tensor.meta.numel, lambda threads: [plain_tensor.decode(payload)])
 
-        def write() -> None:
-            base_U[pos_K] = new_K
-
-        return ctxpatch.Prepared([before], [after], write)
-
-    return parallel_map(one, list(range(len(views))), workers)
+    return [unit(i) for i in range(len(header.plain))]
 
 
 def apply_patch(weights: StateDict, patch: Blobish, *, workers: int = 1) -> None:
@@ -267,25 +259,26 @@ def apply_patch(weights: StateDict, patch: Blobish, *, workers: int = 1) -> None
 
     Checked before the first write: magic, format version, lengths, checksum, header fields, tensor names,
     dtypes, shapes, counts, stream sizes, position bounds, class sizes (v2), the base hash of `weights`, and the
-    result hash (computed on scratch). Tensors must be contiguous CPU tensors (updated through a raw-bit view).
+    result hash (computed on scratch chunks, staged.py). Tensors must be contiguous CPU tensors (updated through
+    a raw-bit view). `workers` threads decode and hash tensors side by side.
     """
     header, payload = _parse(patch)
     metas = header.tensors
     check_matches(weights, metas)
     views = [writable_bits_view(weights[m.name], m.name) for m in metas]
     if header.version == CTX_FORMAT_VERSION:
-        prepared = ctxpatch.prepare(header.segments, header.counts, views, payload, workers)
+        units = ctxpatch.units(header.segments, header.counts, views, payload)
     else:
-        prepared = _prepare_v1(header, payload, views, workers)
+        units = _units_v1(header, payload)
+    verified = staged.prepare(units, views, workers)
     names = [m.name for m in metas]
-    held = _combine(names, weights, [d for p in prepared for d in p.base_digests])
+    held = _combine(names, weights, verified.base_digests)
     if held != header.base_hash:
         raise PatchError(f"patch applies to base {header.base_hash} but the weights hash to {held}")
-    result = _combine(names, weights, [d for p in prepared for d in p.result_digests])
+    result = _combine(names, weights, verified.result_digests)
     if result != header.result_hash:
         raise PatchError(f"patched weights would hash to {result}, the patch promises {header.result_hash}")
-    for p in prepared:
-        p.commit()
+    staged.commit_all(verified.changes, workers)
 
 
 # --- merge and re-code

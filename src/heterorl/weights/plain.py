@@ -20,10 +20,10 @@ from heterorl.weights.intcode import (
     StreamSpec,
     compress_parts,
     decode_uints,
+    decode_values,
     decompress_exact,
     encode_uints,
     uint_for,
-    unzigzag_plus_one,
     zigzag_minus_one,
 )
 
@@ -44,9 +44,7 @@ class PlainTensor:
 
 def encode_tensor(pos_K: np.ndarray, delta_K: np.ndarray, numel: int, level: int) -> tuple[dict[str, Any], bytes]:
     """Gap + value streams of one tensor -> (header fields, zstd frame)."""
-    gaps_K = np.diff(pos_K, prepend=-1)
-    gaps_K -= 1
-    gap_spec, gap_parts = encode_uints(gaps_K.astype(uint_for(numel)))
+    gap_spec, gap_parts = encode_uints(gaps(pos_K, uint_for(numel)))
     value_spec, value_parts = encode_uints(zigzag_minus_one(delta_K))
     parts = gap_parts + value_parts
     fields = {
@@ -56,6 +54,16 @@ def encode_tensor(pos_K: np.ndarray, delta_K: np.ndarray, numel: int, level: int
         "raw_nbytes": sum(p.nbytes for p in parts),
     }
     return fields, compress_parts(parts, level)
+
+
+def gaps(pos_K: np.ndarray, dtype: type[np.unsignedinteger]) -> np.ndarray:
+    """g_i = p_i - p_(i-1) - 1 (p_(-1) = -1) of sorted distinct positions, in `dtype` (which must hold them)."""
+    gaps_K = np.empty(pos_K.size, dtype)
+    if pos_K.size:
+        gaps_K[0] = pos_K[0]
+        np.subtract(pos_K[1:], pos_K[:-1], out=gaps_K[1:], casting="unsafe")
+        gaps_K[1:] -= dtype(1)
+    return gaps_K
 
 
 def parse_tensor(meta: TensorMeta, entry: dict[str, Any]) -> PlainTensor:
@@ -93,8 +101,5 @@ def decode_tensor(tp: PlainTensor, payload: memoryview) -> tuple[np.ndarray, np.
     raw_U = decompress_exact(frame, meta.raw_nbytes, f"tensor {meta.name!r}")
     gap_nbytes = sum(tp.gaps.part_sizes(count))
     gaps_K = decode_uints(raw_U[:gap_nbytes], count, tp.gaps, uint_for(meta.numel))
-    codes_K = decode_uints(raw_U[gap_nbytes:], count, tp.values, value_dtype)
     pos_K = decode_positions(gaps_K, meta.numel, f"tensor {meta.name!r}")
-    if (codes_K == np.iinfo(value_dtype).max).any():
-        raise PatchError(f"tensor {meta.name!r}: a value code decodes to a zero change")
-    return pos_K, unzigzag_plus_one(codes_K)
+    return pos_K, decode_values(raw_U[gap_nbytes:], count, tp.values, value_dtype, f"tensor {meta.name!r}")

@@ -1,0 +1,224 @@
+"""Changes staged against the receiver's tensors: both digests first, the write only once everything checked out.
+
+A decoded patch is, per tensor, positions and wrapped bit differences. Before anything is written the receiver
+needs the tensor's digest as it is (the base check) and as it would be (the result check). Both come from one
+pass over the tensor in chunks of CHUNK_BYTES: xxh3 reads the chunk from memory into L2 (base digest), the
+chunk's new values are gathered and added there (base + difference, in cache: gathering them from the whole
+tensor afterwards would be a second, random pass over memory), the chunk is copied to a scratch buffer, patched
+and hashed again (result digest). The tensor itself is read once and not written; `commit` then scatters the
+kept new values. Bytes touched per element of a bf16 tensor: 2 read by the chunk pass, plus the scatter's
+cache lines at commit (~60% of them at 3% changes), against a plain copy's 2 read + 2 written.
+
+Changes may come as several sorted, disjoint runs (v2 decodes one per magnitude class) over a group of
+consecutive tensors (a v2 segment); they are grouped by (tensor, chunk) with one radix sort of the chunk keys,
+so every chunk is patched with one scatter whatever the number of runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import xxhash
+
+CHUNK_BYTES = 1 << 18  # per chunk of a tensor: the chunk and its scratch copy (512 KB) stay in L2
+BIG = 1 << 22  # elements: a unit this large gets the workers to itself, its base digest in another thread
+
+Runs = list[tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass
+class TensorChanges:
+    """One tensor's staged changes: tensor-local positions grouped by chunk (`cuts[i]:cuts[i + 1]` are chunk
+    i's), their differences, and their new values once `digests` has computed them."""
+
+    view: np.ndarray  # the tensor's raw bits (written only by `commit`)
+    local: np.ndarray  # int64 positions in the tensor, chunk by chunk (sorted within a chunk for sorted runs)
+    delta: np.ndarray  # wrapped differences, same order
+    cuts: list[int]  # len(chunks) + 1 offsets into local / delta
+    new: np.ndarray  # new bits at `local` (filled by `digests`)
+
+    @property
+    def chunk(self) -> int:
+        return chunk_elements(self.view)
+
+    @property
+    def count(self) -> int:
+        return int(self.local.size)
+
+
+def chunk_elements(view: np.ndarray) -> int:
+    """Elements per chunk of a tensor (a power of two)."""
+    return CHUNK_BYTES // view.itemsize
+
+
+def _chunks(size: int, chunk: int) -> int:
+    return -(-size // chunk)
+
+
+def stage(views: Sequence[np.ndarray], runs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[TensorChanges]:
+    """Per tensor of `views` (consecutive tensors of one dtype), its changes from `runs`: (sorted positions in the
+    concatenation of the tensors, differences), runs disjoint. Positions must already be bounds-checked."""
+    runs = [r for r in runs if r[0].size]
+    if len(views) == 1 and len(runs) <= 1:
+        view = views[0]
+        chunk = chunk_elements(view)
+        if not runs:
+            return [
+                _changes(view, np.zeros(0, np.int64), np.zeros(0, view.dtype), [0] * (_chunks(view.size, chunk) + 1))
+            ]
+        pos, delta = runs[0]
+        cuts = np.searchsorted(pos, np.arange(0, view.size + chunk, chunk)[: _chunks(view.size, chunk) + 1])
+        cuts[-1] = pos.size
+        return [_changes(view, pos, delta, cuts.tolist())]
+    return _stage_grouped(views, runs)
+
+
+def _changes(view: np.ndarray, local: np.ndarray, delta: np.ndarray, cuts: list[int]) -> TensorChanges:
+    return TensorChanges(view, local, delta, cuts, np.empty(local.size, view.dtype))
+
+
+def _stage_grouped(views: Sequence[np.ndarray], runs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[TensorChanges]:
+    """Several runs and/or tensors: key every change by (tensor, chunk), stable radix sort by key."""
+    sizes = np.array([v.size for v in views], np.int64)
+    offsets = np.concatenate(([0], np.cumsum(sizes)))
+    chunk = chunk_elements(views[0])
+    n_chunks = -(-sizes // chunk)
+    first_piece = np.concatenate(([0], np.cumsum(n_chunks)))
+    if runs:
+        pos = np.concatenate([r[0] for r in runs]) if len(runs) > 1 else runs[0][0]
+        delta = np.concatenate([r[1] for r in runs]) if len(runs) > 1 else runs[0][1]
+    else:
+        pos, delta = np.zeros(0, np.int64), np.zeros(0, views[0].dtype)
+    tensor = np.searchsorted(offsets[1:], pos, side="right") if len(views) > 1 else np.zeros(pos.size, np.int64)
+    local = pos - np.take(offsets, tensor) if len(views) > 1 else pos
+    key = np.take(first_piece, tensor)
+    key += local // chunk
+    pieces = int(first_piece[-1])
+    key_dtype = np.uint16 if pieces <= 1 << 16 else np.int64  # 16-bit keys: numpy's stable sort is a radix sort
+    order = np.argsort(key.astype(key_dtype), kind="stable")
+    local, delta = np.take(local, order), np.take(delta, order)
+    piece_cuts = np.concatenate(([0], np.cumsum(np.bincount(key, minlength=pieces)))).tolist()
+    out = []
+    for t, view in enumerate(views):
+        p0, p1 = int(first_piece[t]), int(first_piece[t + 1])
+        lo, hi = piece_cuts[p0], piece_cuts[p1]
+        cuts = [c - lo for c in piece_cuts[p0 : p1 + 1]] if p1 > p0 else [0]
+        out.append(_changes(view, local[lo:hi], delta[lo:hi], cuts))
+    return out
+
+
+def digests(tc: TensorChanges, base: bool = True, result: bool = True) -> tuple[bytes | None, bytes | None]:
+    """(digest of the tensor now, digest after the changes) in one chunked pass; a digest not asked for is None.
+    Asking for the result fills `tc.new`."""
+    view, chunk = tc.view, tc.chunk
+    base_h = xxhash.xxh3_128() if base else None
+    result_h = xxhash.xxh3_128() if result else None
+    if not tc.count:  # the same bytes: one digest serves both
+        digest = xxhash.xxh3_128(view).digest()
+        return (digest if base else None), (digest if result else None)
+    scratch = np.empty(min(chunk, view.size), view.dtype) if result else None
+    cuts = tc.cuts
+    for i, start in enumerate(range(0, view.size, chunk)):
+        part = view[start : start + chunk]
+        if base_h is not None:
+            base_h.update(part)
+        if result_h is None:
+            continue
+        lo, hi = cuts[i], cuts[i + 1]
+        if lo == hi:
+            result_h.update(part)
+            continue
+        idx = tc.local[lo:hi] - start
+        new = tc.new[lo:hi]
+        np.take(part, idx, out=new)
+        new += tc.delta[lo:hi]  # exact: unsigned arithmetic wraps mod 2^width
+        buf = scratch[: part.size]  # type: ignore[index]
+        np.copyto(buf, part)
+        buf[idx] = new
+        result_h.update(buf)
+    return (None if base_h is None else base_h.digest()), (None if result_h is None else result_h.digest())
+
+
+def commit(tc: TensorChanges) -> None:
+    """Write the new values (after `digests` computed them and everything was checked)."""
+    if tc.count:
+        tc.view[tc.local] = tc.new
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What one decode task covers: tensors [first, first + size) and how to decode their changes, given a
+    thread count for the decoder's own parallel work (v2 class enumeration of a big tensor)."""
+
+    first: int
+    size: int
+    numel: int
+    decode: Callable[[int], Runs]
+
+
+@dataclass(frozen=True)
+class Verified:
+    """Every tensor's staged changes and its digests before and after them, in tensor order."""
+
+    changes: list[TensorChanges]
+    base_digests: list[bytes]
+    result_digests: list[bytes]
+
+
+def prepare(units: Sequence[Unit], views: Sequence[np.ndarray], workers: int) -> Verified:
+    """Decode every unit, stage its changes and compute both digests of each tensor, in `workers` threads.
+
+    One task per unit does decode, staging and the chunk pass of its tensors, so with two threads one tends to
+    decode (small numpy operations, mostly holding the GIL) while the other hashes (xxh3 and the chunk copies
+    release it). Units of BIG elements or more go first, one at a time, with all the workers: their decoder
+    may split its own work, and their base digest is computed by another thread while the unit is decoded.
+    """
+    changes: list[TensorChanges | None] = [None] * len(views)
+    base: list[bytes | None] = [None] * len(views)
+    result: list[bytes | None] = [None] * len(views)
+
+    def run(unit: Unit, threads: int, base_known: bool) -> None:
+        tcs = stage(views[unit.first : unit.first + unit.size], unit.decode(threads))
+        for j, tc in enumerate(tcs):
+            before, after = digests(tc, base=not base_known, result=True)
+            i = unit.first + j
+            changes[i], result[i] = tc, after
+            if before is not None:
+                base[i] = before
+
+    def base_digest(i: int) -> None:
+        base[i] = xxhash.xxh3_128(views[i]).digest()
+
+    big = [u for u in units if u.numel >= BIG and workers > 1]
+    small = [u for u in units if not (u.numel >= BIG and workers > 1)]
+    if workers <= 1:
+        for unit in units:
+            run(unit, 1, False)
+    else:
+        with ThreadPoolExecutor(workers) as pool:
+            for unit in big:
+                futures = [pool.submit(base_digest, i) for i in range(unit.first, unit.first + unit.size)]
+                run(unit, workers, True)
+                _wait(futures)
+            _wait([pool.submit(run, u, 1, False) for u in sorted(small, key=lambda u: -u.numel)])
+    assert all(c is not None for c in changes)
+    assert all(b is not None for b in base)
+    return Verified(changes, base, result)  # type: ignore[arg-type]
+
+
+def commit_all(changes: Sequence[TensorChanges], workers: int) -> None:
+    """Write every tensor's new values (numpy releases the GIL for the scatters)."""
+    if workers <= 1:
+        for tc in changes:
+            commit(tc)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        _wait([pool.submit(commit, tc) for tc in sorted(changes, key=lambda tc: -tc.count)])
+
+
+def _wait(futures: Sequence[Future]) -> None:
+    for f in futures:
+        f.result()  # re-raises a task's exception (a PatchError from a decoder)
