@@ -17,7 +17,7 @@ def test_every_shipped_config_loads_and_round_trips(path: Path, tmp_path: Path) 
 
 
 def test_shipped_configs_exist() -> None:
-    assert {"demo.yaml", "smoke.yaml"} <= {p.name for p in SHIPPED}
+    assert {"demo.yaml", "smoke.yaml", "stress.yaml"} <= {p.name for p in SHIPPED}
 
 
 def test_overrides_are_typed_and_dotted() -> None:
