@@ -30,7 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[bench]"
 	$(BIN)/python benchmarks/step_throughput.py
 
-# Heavy tiers, each its own command (CI runs them too: .ci/run): real torch.distributed ranks; a local Ray.
+# Heavy tiers, each its own command (.ci/run runs them after `make test`): real torch.distributed ranks; a local Ray.
 test-distributed: $(STAMP)
 	$(BIN)/python -m pytest -q -m distributed
 
