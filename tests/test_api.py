@@ -84,6 +84,7 @@ def test_a_run_directory_holding_a_run_is_refused_unless_overwritten(tmp_path: P
     )
     assert result.exit_code == 2
     assert "already holds a run" in result.output
+    assert "--resume" not in result.output  # `heterorl run` has none: it is not offered
     assert "Traceback" not in result.output
 
 

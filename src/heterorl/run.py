@@ -52,7 +52,7 @@ def execute(
     """Run `cfg` on the simulated cluster into `run_dir` (refused if it holds a run, unless `overwrite`); returns
     the summary (also in summary.json). `observer` sees every record and may ask the run to finish early."""
     wall_start = time.monotonic()
-    run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite)
+    run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite, resumable=False)
     check_sinks(cfg)
     configure_torch(cfg)
     base, pretrain_info = resolve_base_model(cfg, show_progress)

@@ -138,7 +138,7 @@ def run_live(
     wall_start = time.monotonic()
     check_live_config(cfg)
     checked_model_path(cfg)
-    run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite)
+    run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite, resumable=False)
     live_dir = run_dir / "live"
     live_dir.mkdir(exist_ok=True)
     resolve_base_model(cfg, show_progress)

@@ -29,20 +29,22 @@ def holds_run(run_dir: Path) -> bool:
     return any((run_dir / name).exists() for name in RUN_FILES)
 
 
-def prepare_run_dir(cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False) -> Path:
+def prepare_run_dir(
+    cfg: RunConfig, run_dir: str | Path, *, resume: bool = False, overwrite: bool = False, resumable: bool = True
+) -> Path:
     """Create the directory and write the resolved config into it.
 
-    A directory holding a run is refused unless `resume` (continue it) or `overwrite` (delete it first)."""
+    A directory holding a run is refused unless `resume` (continue it) or `overwrite` (delete it first).
+    `resumable=False`: the caller has no `--resume` (simulated and local-process runs), so the refusal does not
+    offer it."""
     run_dir = Path(run_dir)
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other")
     if overwrite and run_dir.exists():
         shutil.rmtree(run_dir)
     elif run_dir.exists() and holds_run(run_dir) and not resume:
-        raise RunDirError(
-            f"{run_dir} already holds a run: pass --resume to continue it, --overwrite to replace it, "
-            "or choose another --run-dir"
-        )
+        how = "pass --resume to continue it, " if resumable else ""
+        raise RunDirError(f"{run_dir} already holds a run: {how}--overwrite to replace it, or choose another --run-dir")
     elif resume and not holds_run(run_dir):
         raise RunDirError(f"--resume: {run_dir} holds no run to continue")
     run_dir.mkdir(parents=True, exist_ok=True)
