@@ -44,7 +44,7 @@ from heterorl.transport.store.manifest import Manifest
 from heterorl.weights import Update
 from heterorl.weights.envelope import EnvelopeError, decode_update, encode_update, envelope_nbytes
 
-REFUSALS_BEFORE_STALL = 256  # groups refused in a row (none accepted) before the simulator gives up
+REFUSALS_BEFORE_STALL = 256  # groups refused in a row (none accepted, no step trained) before the simulator gives up
 
 
 def overgeneration_warning(cfg: RunConfig) -> str | None:
@@ -351,7 +351,8 @@ class SimulatedCluster:
         self._maybe_train()
 
     def _count_refusals(self, verdict: Verdict) -> None:
-        """Stop loudly when the learner refuses every group: in virtual time nothing else would end the run."""
+        """Stop loudly when the learner refuses every group and trains no step: in virtual time nothing else would
+        end the run."""
         self.refused_in_a_row = 0 if verdict.outcome in ACKED else self.refused_in_a_row + 1
         if self.refused_in_a_row >= REFUSALS_BEFORE_STALL:
             raise RuntimeError(
@@ -376,6 +377,7 @@ class SimulatedCluster:
 
     def _train_done(self, result: StepResult, cost: float) -> None:
         self.learner_busy = False
+        self.refused_in_a_row = 0  # the learner progresses: refusals (a full queue, say) are not a stall
         self._settle()  # before the next publish moves the store on, and before the record counts the traffic
         now = max(self.events.now, 1e-12)
         for node in self.nodes:
