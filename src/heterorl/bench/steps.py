@@ -60,6 +60,14 @@ def synthetic_shapes(num_params: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def _master(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """A synthetic fp32 master tensor: N(0, 0.02), plus 1 for norm weights."""
+    master = torch.randn(shape, generator=gen).mul_(0.02)
+    if name.endswith("norm.weight"):
+        master += 1.0
+    return master
+
+
 def synthetic_step(
     num_params: int, change_rate: float | None, lr: float, seed: int
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -67,9 +75,7 @@ def synthetic_step(
     gen = torch.Generator().manual_seed(seed)
     base, new = {}, {}
     for name, shape in synthetic_shapes(num_params).items():
-        master = torch.randn(shape, generator=gen).mul_(0.02)
-        if name.endswith("norm.weight"):
-            master += 1.0
+        master = _master(name, shape, gen)
         base[name] = master.bfloat16()
         if change_rate is None:
             step = torch.randn(shape, generator=gen).sign_().mul_(lr)
@@ -90,9 +96,7 @@ def noise_step(
     gen = torch.Generator().manual_seed(seed)
     base, new = {}, {}
     for name, shape in synthetic_shapes(num_params).items():
-        master = torch.randn(shape, generator=gen).mul_(0.02)
-        if name.endswith("norm.weight"):
-            master += 1.0
+        master = _master(name, shape, gen)
         base[name] = master.bfloat16()
         new[name] = master.sub_(torch.randn(shape, generator=gen).mul_(lr)).bfloat16()
         del master

@@ -23,7 +23,7 @@ import torch
 
 from heterorl.weights import ctxcode, staged
 from heterorl.weights.classes import PARALLEL_MIN
-from heterorl.weights.format import DTYPES, PatchError, TensorMeta, dtype_name, get_int, get_str, parallel_map
+from heterorl.weights.format import PatchError, TensorMeta, dtype_name, entry_layout, get_int, parallel_map
 
 SEGMENT_MIN = 1 << 21  # elements: tensors this large are coded alone, smaller ones grouped up to this size
 
@@ -107,19 +107,9 @@ def parse(header: dict[str, Any], payload_len: int) -> tuple[list[TensorMeta], l
     metas, counts = [], []
     prev = None
     for entry in entries:
-        if not isinstance(entry, dict):
-            raise PatchError("each entry of 'tensors' must be an object")
-        name = get_str(entry, "name")
-        if prev is not None and name <= prev:
-            raise PatchError(f"tensor names must be unique and sorted; {name!r} follows {prev!r}")
+        name, dtype, shape = entry_layout(entry, prev)
         prev = name
-        dname = get_str(entry, "dtype")
-        shape = entry.get("shape")
-        if dname not in DTYPES:
-            raise PatchError(f"tensor {name!r}: unknown dtype {dname!r}")
-        if not isinstance(shape, list) or len(shape) > 64 or any(type(d) is not int or d < 0 for d in shape):
-            raise PatchError(f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r}")
-        meta = TensorMeta(name, DTYPES[dname], tuple(shape), 0, 0, 0)
+        meta = TensorMeta(name, dtype, shape, 0, 0, 0)
         if meta.numel > 2**62:
             raise PatchError(f"tensor {name!r}: shape {shape} is absurdly large")
         metas.append(meta)

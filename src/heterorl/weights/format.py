@@ -212,6 +212,23 @@ class TensorMeta:
         return torch.empty((), dtype=self.dtype).element_size()
 
 
+def entry_layout(entry: Any, prev_name: str | None) -> tuple[str, torch.dtype, tuple[int, ...]]:
+    """One entry of a `tensors` list (both patch formats): an object whose name sorts after `prev_name`, with a
+    known dtype and a shape of at most 64 non-negative ints."""
+    if not isinstance(entry, dict):
+        raise PatchError("each entry of 'tensors' must be an object")
+    name = get_str(entry, "name")
+    if prev_name is not None and name <= prev_name:
+        raise PatchError(f"tensor names must be unique and sorted; {name!r} follows {prev_name!r}")
+    dname = get_str(entry, "dtype")
+    if dname not in DTYPES:
+        raise PatchError(f"tensor {name!r}: unknown dtype {dname!r}")
+    shape = entry.get("shape")
+    if not isinstance(shape, list) or len(shape) > 64 or any(type(d) is not int or d < 0 for d in shape):
+        raise PatchError(f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r}")
+    return name, DTYPES[dname], tuple(shape)
+
+
 def tensor_entries(header: Mapping[str, Any], payload_len: int) -> list[tuple[TensorMeta, Mapping[str, Any]]]:
     """Validate the `tensors` list: sorted unique names, known dtypes, shapes, contiguous in-bounds offsets."""
     entries = header.get("tensors")
@@ -221,24 +238,14 @@ def tensor_entries(header: Mapping[str, Any], payload_len: int) -> list[tuple[Te
     cursor = 0
     prev_name: str | None = None
     for entry in entries:
-        if not isinstance(entry, dict):
-            raise PatchError("each entry of 'tensors' must be an object")
-        name = get_str(entry, "name")
-        if prev_name is not None and name <= prev_name:
-            raise PatchError(f"tensor names must be unique and sorted; {name!r} follows {prev_name!r}")
+        name, dtype, shape = entry_layout(entry, prev_name)
         prev_name = name
-        dname = get_str(entry, "dtype")
-        if dname not in DTYPES:
-            raise PatchError(f"tensor {name!r}: unknown dtype {dname!r}")
-        shape = entry.get("shape")
-        if not isinstance(shape, list) or len(shape) > 64 or any(type(d) is not int or d < 0 for d in shape):
-            raise PatchError(f"tensor {name!r}: shape must be a list of non-negative ints, got {shape!r}")
         offset = get_int(entry, "offset")
         nbytes = get_int(entry, "nbytes")
         if offset != cursor or offset + nbytes > payload_len:
             raise PatchError(f"tensor {name!r}: payload slice [{offset}, {offset + nbytes}) is misplaced")
         cursor = offset + nbytes
-        meta = TensorMeta(name, DTYPES[dname], tuple(shape), offset, nbytes, get_int(entry, "raw_nbytes"))
+        meta = TensorMeta(name, dtype, shape, offset, nbytes, get_int(entry, "raw_nbytes"))
         if meta.numel > 2**62:
             raise PatchError(f"tensor {name!r}: shape {shape} is absurdly large")
         out.append((meta, entry))

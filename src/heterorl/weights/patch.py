@@ -81,6 +81,20 @@ class _Header:
 
 
 # --- encode
+def _patch_header(
+    hashes: tuple[str, str], versions: tuple[int | None, int | None], layout: dict[str, Any]
+) -> dict[str, Any]:
+    """The header of a patch in either format: base and result identities, then the format's own layout."""
+    return {
+        "kind": "patch",
+        "base_hash": hashes[0],
+        "result_hash": hashes[1],
+        "base_version": versions[0],
+        "result_version": versions[1],
+        **layout,
+    }
+
+
 def _assemble(
     layouts: Sequence[tuple[str, torch.dtype, tuple[int, ...]]],
     results: Sequence[tuple[dict[str, Any], bytes]],
@@ -95,15 +109,7 @@ def _assemble(
         entries.append(entry)
         frames.append(frame)
         offset += len(frame)
-    header = {
-        "kind": "patch",
-        "base_hash": hashes[0],
-        "result_hash": hashes[1],
-        "base_version": versions[0],
-        "result_version": versions[1],
-        "tensors": entries,
-    }
-    return pack(header, frames, format_version)
+    return pack(_patch_header(hashes, versions, {"tensors": entries}), frames, format_version)
 
 
 def encode_patch(
@@ -203,15 +209,7 @@ def _assemble_v2(
     workers: int,
 ) -> bytes:
     fields, frames = ctxpatch.encode(layouts, base_bits, changes, level, workers)
-    header = {
-        "kind": "patch",
-        "base_hash": hashes[0],
-        "result_hash": hashes[1],
-        "base_version": versions[0],
-        "result_version": versions[1],
-        **fields,
-    }
-    return pack(header, frames, CTX_FORMAT_VERSION)
+    return pack(_patch_header(hashes, versions, fields), frames, CTX_FORMAT_VERSION)
 
 
 def _combine(names: Sequence[str], tensors: StateDict, digests: Sequence[bytes]) -> str:
