@@ -5,26 +5,31 @@ Layout (little-endian):
     magic b"HRLWUPD1" | u32 header length H | H bytes of JSON header | snapshot bytes | patch bytes
 
 Header: {"version": int, "state_hash": str, "base_version": int | null, "kind": "snapshot" | "patch",
-"snapshot_nbytes": int, "patch_nbytes": int}. The body must be exactly 12 + H + snapshot_nbytes + patch_nbytes
-bytes. The snapshot and patch blobs carry their own checksums and hashes, which the sampler's `WeightReceiver`
-verifies before it writes a single weight (docs/weight-sync.md). `decode_update` also checks that the header
-agrees with the blobs' own (checksum-verified) headers: kinds, the version and hash the update ends at, and that
-the patch starts where the snapshot ends, so a tampered envelope is refused before any blob is applied. A "noop"
-update is never framed: the service answers 204 instead.
+"snapshot_nbytes": int, "patch_nbytes": int}, and on a signed update {"epoch": int, "sigs": [hex, ...]}:
+the learner's Ed25519 signature of each blob in body order, made in its epoch `epoch` (weights/signing.py; a
+receiver holding the learner's key checks them, a decoder only their form). The body must be exactly
+12 + H + snapshot_nbytes + patch_nbytes bytes. The snapshot and patch blobs carry their own checksums and
+hashes, which the sampler's `WeightReceiver` verifies before it writes a single weight (docs/weight-sync.md).
+`decode_update` also checks that the header agrees with the blobs' own (checksum-verified) headers: kinds, the
+version and hash the update ends at, and that the patch starts where the snapshot ends, so a tampered envelope
+is refused before any blob is applied. A "noop" update is never framed: the service answers 204 instead.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from heterorl.framing import frame, frame_nbytes, non_negative_int, unframe
 from heterorl.weights.format import PatchError
 from heterorl.weights.patch import PatchInfo, patch_info
+from heterorl.weights.signing import SIGNATURE_HEX, Signatures, Signer
 from heterorl.weights.store import Update
 
 MAGIC = b"HRLWUPD1"
 MAX_HEADER_BYTES = 4096
 _HASH = re.compile(r"^[0-9a-f]{1,128}$")
+_SIG = re.compile(f"^[0-9a-f]{{{SIGNATURE_HEX}}}$")
 
 
 class EnvelopeError(ValueError):
@@ -34,7 +39,7 @@ class EnvelopeError(ValueError):
 def _header(update: Update) -> dict:
     if update.kind == "noop":
         raise ValueError("a noop update is not sent (the service answers 204)")
-    return {
+    header = {
         "version": update.version,
         "state_hash": update.state_hash,
         "base_version": update.base_version,
@@ -42,6 +47,17 @@ def _header(update: Update) -> dict:
         "snapshot_nbytes": len(update.snapshot or b""),
         "patch_nbytes": len(update.patch or b""),
     }
+    if update.signatures is not None:
+        header["epoch"] = update.signatures.epoch
+        header["sigs"] = list(update.signatures.blobs)
+    return header
+
+
+def sign_update(update: Update, signer: Signer | None) -> Update:
+    """`update` with the learner's signatures of its blobs (unchanged without a signer: trust is not configured)."""
+    if signer is None or update.kind == "noop":
+        return update
+    return dataclasses.replace(update, signatures=signer.sign_blobs(update.snapshot, update.patch))
 
 
 def encode_update(update: Update) -> bytes:
@@ -77,9 +93,24 @@ def decode_update(data: bytes) -> Update:
         base_version=base_version,
         snapshot=data[start : start + n_snap] if n_snap else None,
         patch=data[start + n_snap :] if n_patch else None,
+        signatures=_signatures(header, (n_snap > 0) + (n_patch > 0)),
     )
     _check_blobs(update)
     return update
+
+
+def _signatures(header: dict, n_blobs: int) -> Signatures | None:
+    """The header's signatures, checked for form only (the receiver's authority checks what they sign)."""
+    if "sigs" not in header and "epoch" not in header:
+        return None
+    sigs = header.get("sigs")
+    if (
+        not isinstance(sigs, list)
+        or len(sigs) != n_blobs
+        or not all(isinstance(x, str) and _SIG.match(x) for x in sigs)
+    ):
+        raise EnvelopeError(f"header field 'sigs' must list {n_blobs} signatures of {SIGNATURE_HEX} hex digits")
+    return Signatures(_int_field(header, "epoch"), tuple(sigs))
 
 
 def _blob_info(blob: bytes, kind: str) -> PatchInfo:

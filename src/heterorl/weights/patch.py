@@ -360,6 +360,20 @@ def recode_patch(patch: Blobish, result: StateDict, *, level: int = 1, workers: 
     )
 
 
+def revert_patch(weights: StateDict, patch: Blobish) -> None:
+    """Undo a v1 patch in place: `weights`, which must be its result, become its base (base = result - difference
+    at the changed positions, mod 2^width). The caller checks the base's hash if it needs to (the store does).
+    A verifier rebuilds older versions this way, walking back from the newest (WeightStore.weights_at)."""
+    header, payload = _parse(patch)
+    if header.version != FORMAT_VERSION:
+        raise PatchError("revert_patch takes a v1 patch")
+    check_matches(weights, header.tensors)
+    for meta, tensor in zip(header.tensors, header.plain, strict=True):
+        pos_K, delta_K = tensor.decode(payload)
+        view = writable_bits_view(weights[meta.name], meta.name)
+        view[pos_K] -= delta_K
+
+
 def patch_info(blob: Blobish) -> PatchInfo:
     """Read a patch's or snapshot's header (checksum verified) without decoding the payload."""
     parsed = unpack(blob)

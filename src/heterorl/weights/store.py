@@ -35,7 +35,8 @@ import torch
 from heterorl.weights.codecs import EncodedPatch, SyncCodec, make_codec
 from heterorl.weights.format import PatchError, StateDict
 from heterorl.weights.hashing import state_hash
-from heterorl.weights.patch import apply_patch, patch_info
+from heterorl.weights.patch import apply_patch, patch_info, revert_patch
+from heterorl.weights.signing import Authority, SignatureError, Signatures
 from heterorl.weights.snapshot import load_snapshot
 
 if TYPE_CHECKING:
@@ -51,6 +52,12 @@ class Update:
     base_version: int | None  # version `patch` applies to (the snapshot's when there is one)
     snapshot: bytes | None = None
     patch: bytes | None = None
+    signatures: Signatures | None = None  # the learner's, of the blobs in order (weights/signing.py)
+
+    @property
+    def blobs(self) -> list[bytes]:
+        """The blobs it carries, in the order they apply (snapshot, then patch)."""
+        return [b for b in (self.snapshot, self.patch) if b is not None]
 
     @property
     def kind(self) -> Literal["noop", "patch", "snapshot"]:
@@ -260,6 +267,38 @@ class WeightStore:
                 self._merged[key] = merged
         return merged
 
+    # --- a verifier's view of older versions
+    def weights_at(self, version: int) -> dict[str, torch.Tensor]:
+        """A fresh CPU copy of retained `version`'s wire-dtype weights, rebuilt from the latest copy by reverting
+        the patch records after it, newest first, and checked against the version's hash. LookupError when it
+        cannot be rebuilt: not retained, or no patch records (the full codec keeps only the newest version)."""
+        with self._lock:
+            if version not in self._hashes:
+                raise LookupError(
+                    f"version {version} is not retained (retained: {self._order[:1]}..{self._order[-1:]})"
+                )
+            later = self._order[self._order.index(version) + 1 :]
+            missing = [v for v in later if v not in self._records]
+            if missing:
+                raise LookupError(f"no patch record for version {missing[0]}: cannot rebuild version {version}")
+            records = [self._records[v] for v in reversed(later)]
+            expected = self._hashes[version]
+            last = self._last
+            assert last is not None
+            self._pinned[id(last)] = self._pinned.get(id(last), 0) + 1
+        try:
+            weights = {name: t.detach().to("cpu", copy=True) for name, t in last.items()}
+        finally:
+            with self._lock:
+                self._pinned[id(last)] -= 1
+                if not self._pinned[id(last)]:
+                    del self._pinned[id(last)]
+        for record in records:
+            revert_patch(weights, record)
+        if state_hash(weights) != expected:
+            raise PatchError(f"version {version} rebuilt from the newest does not hash to its published hash")
+        return weights
+
     # --- introspection (sizes for link accounting and metrics)
     @property
     def latest_version(self) -> int | None:
@@ -305,10 +344,23 @@ class WeightReceiver:
     Usage: `update = store.update_for(*receiver.held()); ok = receiver.apply(update)`. When `apply` returns
     False nothing was written: the weights are still the last verified version (or None), `last_error` says why,
     `refused` counts it, and `held()` returns (None, None) so the next update is a snapshot.
+
+    With an `authority` (the learner's public key) it applies only updates whose every blob the learner signed, and
+    that end no older than the newest (epoch, version) it applied (weights/signing.py); a refused one is counted in
+    `refusals` by reason (unsigned, bad_signature, replayed) and leaves the held weights, still valid, as they are.
     """
 
-    def __init__(self, weights: dict[str, torch.Tensor] | None = None, *, version: int | None = None) -> None:
+    def __init__(
+        self,
+        weights: dict[str, torch.Tensor] | None = None,
+        *,
+        version: int | None = None,
+        authority: Authority | None = None,
+    ) -> None:
         self.weights = weights
+        self.authority = authority
+        self.newest_signed: tuple[int, int] | None = None  # (epoch, version) of the newest signed update applied
+        self.refusals: dict[str, int] = {}  # signature refusals by reason
         self.version = version if weights is not None else None
         self.state_hash = state_hash(weights) if weights is not None and version is not None else None
         self.needs_snapshot = self.version is None
@@ -330,6 +382,13 @@ class WeightReceiver:
         """
         self.bytes_received += update.nbytes
         try:
+            signed = self._authenticate(update)
+        except SignatureError as err:  # what is held is still a version the learner signed: keep asking from it
+            self.refusals[err.reason] = self.refusals.get(err.reason, 0) + 1
+            self.last_error = str(err)
+            self.refused += 1
+            return False
+        try:
             self._apply(update)
         except PatchError as err:
             self.needs_snapshot = True
@@ -340,7 +399,25 @@ class WeightReceiver:
         self.needs_snapshot = False
         self.last_error = None
         self.applied += 1
+        if signed is not None:
+            self.newest_signed = signed
         return True
+
+    def _authenticate(self, update: Update) -> tuple[int, int] | None:
+        """With an authority: every blob signed by the learner, and not older than what was applied; returns the
+        update's (epoch, version). Raises SignatureError."""
+        if self.authority is None:
+            return None
+        if not update.blobs:  # a noop changes nothing: nothing to sign
+            return self.newest_signed
+        self.authority.verify_blobs(update.blobs, update.signatures)
+        assert update.signatures is not None
+        ends = (update.signatures.epoch, update.version)
+        if self.newest_signed is not None and ends < self.newest_signed:
+            raise SignatureError(
+                "replayed", f"update to epoch/version {ends} is older than {self.newest_signed}, already applied"
+            )
+        return ends
 
     def _apply(self, update: Update) -> None:
         snap = patch_info(update.snapshot) if update.snapshot is not None else None

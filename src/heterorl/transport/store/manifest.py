@@ -13,6 +13,11 @@ Manifest (JSON, sorted keys): `format`, `run` (id of the run), `epoch` (learner 
 (each: key, kind "snapshot" | "patch", base version (null for a snapshot), version, nbytes, xxh3-128 digest).
 A manifest is ordered by (epoch, seq); a reader ignores one older than the newest it has seen (stale).
 
+Signed (`trust.learner_private_key`, weights/signing.py): each object also carries `sig` = [epoch, the learner's
+signature of its bytes] and the manifest a top-level `signature` of its canonical bytes without it (`body`).
+A sampler holding the learner's public key adopts only a manifest the learner signed and applies only objects it
+signed, so whoever can write the store can neither feed it weights nor pin it with a forged (epoch, seq).
+
 Everything read from a store is untrusted: `Manifest.parse` bounds the size, checks every field's type and range,
 and refuses anything else with `ManifestError`; objects are checked against nbytes and digest before use.
 """
@@ -41,6 +46,7 @@ _HEX = re.compile(r"^[0-9a-f]{1,128}$")
 _DIGEST = re.compile(r"^[0-9a-f]{32}$")
 _KEY = re.compile(r"^weights/objects/[A-Za-z0-9._-]{1,200}$")
 _RUN = re.compile(r"^[0-9a-f]{8,64}$")
+_SIG = re.compile(r"^[0-9a-f]{128}$")
 
 
 class ManifestError(ValueError):
@@ -62,9 +68,13 @@ class ObjectRef:
     version: int
     nbytes: int
     digest: str
+    sig: tuple[int, str] | None = None  # (learner epoch, its signature of the object's bytes) when signed
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("key", "kind", "base", "version", "nbytes", "digest")}
+        out = {k: getattr(self, k) for k in ("key", "kind", "base", "version", "nbytes", "digest")}
+        if self.sig is not None:
+            out["sig"] = list(self.sig)
+        return out
 
 
 def object_key(kind: str, base: int | None, version: int, content_digest: str) -> str:
@@ -79,6 +89,7 @@ class Manifest:
     seq: int
     versions: tuple[tuple[int, str], ...]  # (version, state hash), oldest first
     objects: tuple[ObjectRef, ...]
+    signature: str | None = None  # the learner's signature of `body()` when signed
 
     @property
     def order(self) -> tuple[int, int]:
@@ -88,8 +99,8 @@ class Manifest:
     def latest(self) -> tuple[int, str]:
         return self.versions[-1]
 
-    def to_bytes(self) -> bytes:
-        body = {
+    def _fields(self) -> dict[str, Any]:
+        return {
             "format": FORMAT,
             "run": self.run,
             "epoch": self.epoch,
@@ -97,7 +108,16 @@ class Manifest:
             "versions": [list(v) for v in self.versions],
             "objects": [o.to_json() for o in self.objects],
         }
-        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    def body(self) -> bytes:
+        """The canonical bytes without the signature: what the learner signs."""
+        return json.dumps(self._fields(), sort_keys=True, separators=(",", ":")).encode()
+
+    def to_bytes(self) -> bytes:
+        fields = self._fields()
+        if self.signature is not None:
+            fields["signature"] = self.signature
+        return json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
 
     @classmethod
     def parse(cls, data: bytes, max_bytes: int) -> Manifest:
@@ -108,8 +128,14 @@ class Manifest:
             raw = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
             raise ManifestError(f"manifest is not JSON: {err}") from None
-        if not isinstance(raw, dict) or set(raw) != {"format", "run", "epoch", "seq", "versions", "objects"}:
-            raise ManifestError("manifest must be an object with exactly format, run, epoch, seq, versions, objects")
+        keys = {"format", "run", "epoch", "seq", "versions", "objects"}
+        if not isinstance(raw, dict) or not keys <= set(raw) <= keys | {"signature"}:
+            raise ManifestError(
+                "manifest must be an object with exactly format, run, epoch, seq, versions, objects (and signature)"
+            )
+        signature = raw.get("signature")
+        if signature is not None and (not isinstance(signature, str) or not _SIG.match(signature)):
+            raise ManifestError("manifest 'signature' must be 128 hex digits")
         if raw["format"] != FORMAT:
             raise ManifestError(f"unknown manifest format {str(raw['format'])[:40]!r} (expected {FORMAT})")
         if not isinstance(raw["run"], str) or not _RUN.match(raw["run"]):
@@ -117,7 +143,8 @@ class Manifest:
         versions = _versions(raw["versions"])
         known = dict(versions)
         objects = _objects(raw["objects"], known)
-        return cls(raw["run"], _int(raw["epoch"], "epoch"), _int(raw["seq"], "seq"), versions, objects)
+        epoch, seq = _int(raw["epoch"], "epoch"), _int(raw["seq"], "seq")
+        return cls(raw["run"], epoch, seq, versions, objects, signature)
 
     def hash_of(self, version: int | None) -> str | None:
         return None if version is None else dict(self.versions).get(version)
@@ -148,8 +175,9 @@ def _objects(raw: Any, known: dict[int, str]) -> tuple[ObjectRef, ...]:
         raise ManifestError(f"manifest 'objects' must be a list of at most {MAX_OBJECTS}")
     out = []
     for item in raw:
-        if not isinstance(item, dict) or set(item) != {"key", "kind", "base", "version", "nbytes", "digest"}:
-            raise ManifestError("each manifest object needs exactly key, kind, base, version, nbytes, digest")
+        keys = {"key", "kind", "base", "version", "nbytes", "digest"}
+        if not isinstance(item, dict) or not keys <= set(item) <= keys | {"sig"}:
+            raise ManifestError("each manifest object needs exactly key, kind, base, version, nbytes, digest (and sig)")
         key, kind, base = item["key"], item["kind"], item["base"]
         if not isinstance(key, str) or not _KEY.match(key):
             raise ManifestError(f"object key {str(key)[:80]!r} is not under {OBJECTS}")
@@ -163,8 +191,16 @@ def _objects(raw: Any, known: dict[int, str]) -> tuple[ObjectRef, ...]:
         nbytes = _int(item["nbytes"], "nbytes", low=1)
         if nbytes > MAX_OBJECT_BYTES or not isinstance(item["digest"], str) or not _DIGEST.match(item["digest"]):
             raise ManifestError(f"object {key}: bad nbytes or digest")
-        out.append(ObjectRef(key, kind, base, version, nbytes, item["digest"]))
+        out.append(ObjectRef(key, kind, base, version, nbytes, item["digest"], _sig(item.get("sig"), key)))
     return tuple(out)
+
+
+def _sig(raw: Any, key: str) -> tuple[int, str] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) != 2 or not isinstance(raw[1], str) or not _SIG.match(raw[1]):
+        raise ManifestError(f"object {key}: 'sig' must be [epoch, 128 hex digits]")
+    return _int(raw[0], "sig epoch"), raw[1]
 
 
 def plan(manifest: Manifest, held_version: int | None, held_hash: str | None) -> list[ObjectRef] | None:

@@ -13,6 +13,9 @@ v also gets the patch (v - 2^k, v] (k >= 1), merged from ones already built; so 
 needs O(log d) objects, and the learner uploads about two patches' worth per version whatever the number of
 samplers. Objects leave the manifest with the WeightStore's retention and are deleted `retention_seconds` later,
 so a sampler that read an older manifest can still finish its downloads.
+
+With the learner's signing key (`trust.learner_private_key`) every object is signed as it is built and every
+manifest as it is written, in this life's epoch (manifest.py, weights/signing.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from heterorl.config import StoreConfig
 from heterorl.transport.store.manifest import (
@@ -39,6 +44,7 @@ from heterorl.transport.store.manifest import (
 )
 from heterorl.transport.store.objects import ObjectMissing, ObjectStore, StoreSetupError, StoreUnavailable
 from heterorl.weights import Published, PulseCodec, WeightStore, merge_patches
+from heterorl.weights.signing import Signer
 
 
 @dataclass
@@ -83,6 +89,7 @@ class StorePublisher:
         resume: bool,
         clock: Callable[[], float] = time.monotonic,
         on_uploaded: Callable[[int, int, int], None] | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
         self.objects, self.weights, self.cfg, self.clock = objects, weights, cfg, clock
         self.on_uploaded = on_uploaded or (lambda v, n, f: None)
@@ -101,6 +108,7 @@ class StorePublisher:
         self.finished_written = False
         self.last_queued = -1  # the newest version `published` has taken
         self.run, self.epoch = self._claim(resume)
+        self.signer = None if signing_key is None else Signer(signing_key, self.epoch)
         self.seq = 0
         self._visible_log: list[tuple[int, int]] = []  # (version, bytes uploaded for it), in upload order
 
@@ -260,10 +268,10 @@ class StorePublisher:
         seg.merged[i] = (parts.version - k, merged)
         return [self._ref("patch", parts.version - k, parts.version, merged)]
 
-    @staticmethod
-    def _ref(kind: str, base: int | None, version: int, blob: bytes) -> tuple[ObjectRef, bytes]:
+    def _ref(self, kind: str, base: int | None, version: int, blob: bytes) -> tuple[ObjectRef, bytes]:
         d = digest(blob)
-        return ObjectRef(object_key(kind, base, version, d), kind, base, version, len(blob), d), blob  # type: ignore[arg-type]
+        sig = None if self.signer is None else (self.signer.epoch, self.signer.sign_blob(blob))
+        return ObjectRef(object_key(kind, base, version, d), kind, base, version, len(blob), d, sig), blob  # type: ignore[arg-type]
 
     def _manifest(self) -> Manifest:
         """Versions the WeightStore retains; objects whose versions are all retained; the newest snapshot only."""
@@ -283,7 +291,10 @@ class StorePublisher:
                 del self._hashes[v]
         listed.sort(key=lambda r: (r.version, r.base is not None, r.base or 0))
         versions = tuple((v, self._hashes[v]) for v in retained)
-        return Manifest(self.run, self.epoch, self.seq, versions, tuple(listed))
+        manifest = Manifest(self.run, self.epoch, self.seq, versions, tuple(listed))
+        if self.signer is None:
+            return manifest
+        return replace(manifest, signature=self.signer.sign_manifest(manifest.body()))
 
     # ---------------------------------------------------------------- retention
     def _retire_later(self, key: str) -> None:

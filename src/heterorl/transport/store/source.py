@@ -16,6 +16,14 @@ all-or-nothing update, exactly as over HTTP), None when nothing is newer, or FIN
 | bad_manifest | not a manifest (malformed, over its limits) | ignored; keeps polling |
 | no_path | no way to the newest version (e.g. its snapshot is missing) | keeps polling |
 | outage | the store did not answer | retries with backoff; gives up after `live.patience_s` |
+| unsigned, bad_signature | a manifest or object the learner did not sign | ignored (never adopted: cannot pin) |
+
+With the learner's public key (`trust.learner_public_key`) a manifest or object it did not sign is refused
+(`unsigned`, `bad_signature`): a manifest is never adopted, so a forged one cannot pin the sampler, and an object
+is treated as bad. The envelope then goes one hop at a time -- the newest
+snapshot with the next patch, or one patch -- each blob with the learner's signature from the manifest, so the
+worker's receiver checks exactly what the learner signed (a patch merged here would carry no signature); the
+sampler asks again at once for the next hop.
 
 The sampler also writes a small heartbeat (`samplers/<name>.json`: held version, idle share, refused updates,
 these counts), which the learner reads for its metrics and status, as it reads HTTP pulls' query parameters.
@@ -47,6 +55,7 @@ from heterorl.transport.store.manifest import (
 from heterorl.transport.store.objects import ObjectMissing, ObjectStore, StoreUnavailable
 from heterorl.weights import PatchError, Update
 from heterorl.weights.envelope import encode_update
+from heterorl.weights.signing import Authority, SignatureError, Signatures
 
 HEARTBEAT_S = 5.0  # longest time between two heartbeats of a sampler whose state did not change
 MAX_FINISHED_BYTES = 4096
@@ -76,9 +85,12 @@ class StoreWeightSource:
         backoff: Backoff,
         events: EventLog,
         merge: Callable[[list[bytes]], bytes],
+        authority: Authority | None = None,
     ) -> None:
         self.objects, self.cfg, self.live, self.name = objects, cfg, live, name
         self.backoff, self.events, self.merge = backoff, events, merge
+        self.authority = authority
+        self._refused: bytes | None = None  # the last manifest refused for its signature (counted once)
         self.counts: Counter[str] = Counter()
         self.manifest: Manifest | None = None
         self._raw: bytes | None = None
@@ -141,9 +153,17 @@ class StoreWeightSource:
             return None
         if raw == self._raw:
             return self.manifest
+        if raw == self._refused:
+            return None
         self._bad.clear()  # a new manifest: objects found bad may have been uploaded again
         try:
             manifest = Manifest.parse(raw, self.cfg.max_manifest_bytes)
+            if self.authority is not None:
+                self.authority.verify_manifest(manifest.body(), manifest.signature)
+        except SignatureError as err:
+            self._refused = raw
+            self._fault(err.reason, str(err))
+            return None
         except ManifestError as err:
             self._fault("bad_manifest", str(err))
             return None
@@ -183,6 +203,8 @@ class StoreWeightSource:
             refs = fallback
 
     def _envelope(self, manifest: Manifest, refs: list[ObjectRef]) -> bytes:
+        if self.authority is not None:
+            return self._signed_hop(manifest, refs)
         blobs = [self._get(ref) for ref in refs]
         snapshot = blobs[0] if refs[0].kind == "snapshot" else None
         patches = blobs[1:] if snapshot is not None else blobs
@@ -195,6 +217,30 @@ class StoreWeightSource:
         version, state_hash = manifest.latest
         base = refs[0].version if snapshot is not None else refs[0].base
         update = Update(version=version, state_hash=state_hash, base_version=base, snapshot=snapshot, patch=patch)
+        return encode_update(update)
+
+    def _signed_hop(self, manifest: Manifest, refs: list[ObjectRef]) -> bytes:
+        """The first hop of `refs` (a snapshot and the next patch, or one patch), each blob checked against and
+        framed with the learner's signature from the manifest."""
+        hop = refs[:2] if refs[0].kind == "snapshot" and len(refs) > 1 else refs[:1]
+        if len(hop) == 2 and (hop[0].sig is None or hop[1].sig is None or hop[0].sig[0] != hop[1].sig[0]):
+            hop = hop[:1]  # one update carries blobs signed in one epoch
+        blobs = [self._get(ref) for ref in hop]
+        assert self.authority is not None
+        for ref, blob in zip(hop, blobs, strict=True):
+            try:
+                self.authority.verify_blobs([blob], None if ref.sig is None else Signatures(ref.sig[0], (ref.sig[1],)))
+            except SignatureError as err:
+                raise BadObjectError(err.reason, ref.key, f"{ref.key}: {err}") from None
+        last = hop[-1]
+        state_hash = manifest.hash_of(last.version)
+        assert state_hash is not None, "Manifest.parse checks every object's version is listed"
+        snapshot = blobs[0] if hop[0].kind == "snapshot" else None
+        patch = blobs[-1] if hop[-1].kind == "patch" else None
+        base = hop[0].version if snapshot is not None else hop[0].base
+        assert hop[0].sig is not None
+        signatures = Signatures(hop[0].sig[0], tuple(ref.sig[1] for ref in hop if ref.sig is not None))
+        update = Update(last.version, state_hash, base, snapshot=snapshot, patch=patch, signatures=signatures)
         return encode_update(update)
 
     def _get(self, ref: ObjectRef) -> bytes:
