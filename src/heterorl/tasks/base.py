@@ -72,11 +72,13 @@ class Task(ABC):
 
     name: str
     parses_answers = False  # True where a completion may hold no readable answer (math, tagged gym answers)
+    recognises_prompts = False  # True where `problem_for` can tell the task's training prompts (the learner's recheck)
     _EVAL_SEED = 1_000_003
 
     def __init__(self, eval_size: int) -> None:
         self.eval_size = eval_size
         self._eval: list[Problem] | None = None
+        self._held_out: frozenset[str] | None = None
         # Set by `make_task` from `task.reward`; None keeps the verifier as the reward.
         self.custom_reward: CustomReward | None = None
         self._stats = dict.fromkeys(STAT_KEYS, 0)
@@ -113,6 +115,12 @@ class Task(ABC):
             self._stats["timeouts"] += verdict.timed_out
         return verdict.score
 
+    def problem_for(self, prompt: str) -> Problem | None:
+        """The training problem whose prompt this is, with the task's own answer; None when it is not one (a
+        held-out prompt, or none the task would draw). Only meaningful where `recognises_prompts`: the learner
+        uses it to recompute a sampler's rewards without believing the answer the sampler sent."""
+        return None
+
     def stats(self) -> dict[str, int]:
         """Counts of the verifier's training verdicts so far (a copy): checked, correct (full score), unparsable
         (no answer could be read), timeouts. A custom reward replaces the verifier, so it counts nothing."""
@@ -136,6 +144,12 @@ class Task(ABC):
                 seen.setdefault(p.prompt, p)
             self._eval = list(seen.values())
         return self._eval
+
+    def _held_out_prompts(self) -> frozenset[str]:
+        """The held-out prompts (computed once): never training prompts."""
+        if self._held_out is None:
+            self._held_out = frozenset(p.prompt for p in self.eval_set())
+        return self._held_out
 
     def train_stream(self, seed: int) -> Iterator[Problem]:
         """An endless seeded stream of training problems that never yields a held-out prompt."""

@@ -67,6 +67,8 @@ class FiniteTask(Task):
     Subclasses build the sources and implement `verify`.
     """
 
+    recognises_prompts = True
+
     def __init__(self, eval_size: int, sources: list[SourceSplit]) -> None:
         super().__init__(eval_size)
         if not sources:
@@ -82,6 +84,12 @@ class FiniteTask(Task):
             if not s.held_out:
                 raise DataError(f"{where}: no held-out problems")
         self._weights = [s.weight for s in self.sources]
+        self._by_prompt: dict[str, Problem] | None = None  # training prompt -> problem (the learner's recheck)
+
+    def problem_for(self, prompt: str) -> Problem | None:
+        if self._by_prompt is None:
+            self._by_prompt = {p.prompt: p for p in self.train_problems}
+        return self._by_prompt.get(prompt)
 
     @property
     def train_problems(self) -> list[Problem]:

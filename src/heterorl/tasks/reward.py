@@ -13,6 +13,13 @@ The module is imported from `sys.path` with the current working directory added 
 packages win a name clash): a `my_rewards.py` beside where you run `heterorl` is found without PYTHONPATH, as
 `python -m` would find it. (The `heterorl` command, unlike `python`, does not put it there itself.)
 
+The learner recomputes the rewards samplers report (`trust.recheck_rewards`, tasks/recheck.py), calling the same
+function on the same prompt, completion and answer. A function whose value cannot be recomputed that way (it
+calls a remote judge, draws random numbers, reads a clock) says so with an attribute, and its groups' rewards are
+then taken as sent:
+
+    my_reward.recomputable = False
+
 Errors are loud: a bad path fails when the task is built (`RewardPathError` naming `task.reward`); an exception
 inside the function, or a return value that is not a finite real number, stops the run with `RewardError` naming
 the function, where in it the exception came from, and the prompt, because a silently wrong reward corrupts
@@ -111,6 +118,7 @@ class CustomReward:
     def __init__(self, spec: str) -> None:
         self.spec = spec
         self.fn = load_reward_fn(spec)
+        self.recomputable = bool(getattr(self.fn, "recomputable", True))  # see the module docstring
 
     def __call__(self, problem: Problem, completion: str) -> float:
         try:
