@@ -45,7 +45,7 @@ def test_a_non_finite_step_changes_nothing_and_is_counted(tmp_path: Path, tiny_m
     first = learner.train_step(groups[:4])  # AdamW has moments now
     assert first["opt/skipped_updates"] == 0
     before = snapshot(learner)
-    stats = learner.train_step([poisoned(groups[4], "a"), *groups[5:8]])
+    stats = learner.train_step([poisoned(g, "a") for g in groups[4:8]])  # no group finite alone: nothing to drop
     assert stats["opt/skipped_updates"] == 1
     assert not torch.isfinite(torch.tensor(stats["opt/grad_norm"]))
     after = snapshot(learner)
@@ -68,9 +68,9 @@ def test_skipped_steps_are_recorded_and_too_many_in_a_row_stop_the_learner(tmp_p
     groups = sample_groups(live, tiny_model_dir, 16)
     batches = [
         groups[0:4],  # a good step
-        [poisoned(groups[4], "a"), *groups[5:8]],  # skipped
-        groups[8:12],  # good: the streak starts again
-        [poisoned(g, "b") for g in groups[12:16]],  # skipped
+        [poisoned(groups[4], "a"), *groups[5:8]],  # the poisoned group is dropped, the other three train
+        groups[8:12],  # good
+        [poisoned(g, "b") for g in groups[12:16]],  # skipped: no group is finite alone
         [poisoned(g, "c") for g in groups[0:4]],  # skipped: 2 in a row
     ]
     for batch in batches:
@@ -79,8 +79,9 @@ def test_skipped_steps_are_recorded_and_too_many_in_a_row_stop_the_learner(tmp_p
     with pytest.raises(TrainingDivergedError, match="2 learner steps in a row"):
         live.train()
     train = [r for r in read_metrics(live.run_dir / "metrics.jsonl") if r["kind"] == "train"]
-    assert [r["learner/skipped_steps"] for r in train] == [0, 1, 1, 2, 3]
-    assert [r["opt/skipped_updates"] for r in train] == [0, 1, 0, 1, 1]
+    assert [r["learner/skipped_steps"] for r in train] == [0, 0, 0, 1, 2]
+    assert [r["opt/skipped_updates"] for r in train] == [0, 0, 0, 1, 1]
+    assert [r["learner/poisoned_groups"] for r in train] == [0, 1, 0, 0, 0]
     assert len(live.loop.intake.buffer) == 0
     assert sum("-poison-" in gid for gid in live.loop.intake.consumed) == 9  # consumed: they never come back
     weights = live.loop.learner.policy.model.parameters()
@@ -89,6 +90,6 @@ def test_skipped_steps_are_recorded_and_too_many_in_a_row_stop_the_learner(tmp_p
     assert state is not None
     assert state.name.endswith(f"-v{5:08d}")
     events = [json.loads(line) for line in log.getvalue().splitlines()]
-    assert [e["version"] for e in events if e["event"] == "skipped_step"] == [2, 4]
+    assert [e["version"] for e in events if e["event"] == "skipped_step"] == [4]  # the 2nd in a row stops
     assert events[-1]["event"] == "stopped"
     live.loop.intake.journal.close()

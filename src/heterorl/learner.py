@@ -150,31 +150,35 @@ class Learner:
         The batch is split into `updates_per_batch` minibatches (one optimizer step each), each minibatch into
         micro-batches under `micro_batch_tokens` whose gradients accumulate exactly (heterorl.microbatch); with
         several processes, into this process's micro-batches of the global minibatch (heterorl.parallel.sharding).
-        An optimizer step whose gradient norm is not finite is skipped (`opt/skipped_updates`), whatever caused
-        it: one inf or NaN would otherwise spread to every weight and to every sampler. The norm is global, so
-        every rank of a multi-process learner skips the same steps.
+        An optimizer step whose gradient norm is not finite is never applied: one inf or NaN would otherwise spread
+        to every weight and to every sampler. In one process the step first looks for the groups that poison it
+        -- those whose own gradient (each group's backward alone) is not finite, e.g. one token with an extreme
+        behaviour log-prob -- drops them (`dropped`, for the loop to charge their samplers) and trains the rest of
+        the minibatch exactly as if they had not been in it. When no group is finite alone (the learner's own
+        weights may be at fault) nothing is dropped. A step that is still not finite is skipped
+        (`opt/skipped_updates`); with several processes every rank skips the same steps (the norm is global).
         """
         shard = self.shard
         groups = shard.begin_step(groups)
+        self.dropped: list[RolloutGroup] = []
         batch = pack_groups(groups, self.policy.pad_id).to(self.policy.device)
         rewards_B, loss_mask_BL, shaping_stats = self._rewards_and_loss_mask(batch)
         adv_B = group_advantages(rewards_B, batch.group_index_B, normalize=self.objective.normalize_advantages)
         prox_logp_BL = self._prox_logp(batch, loss_mask_BL) if self.objective.needs_prox_logp else None
+        step_inputs = (batch, loss_mask_BL, adv_B, prox_logp_BL)
         acc = StatsAccumulator()
         skipped = 0  # optimizer steps whose gradient norm was not finite
         chunks = torch.arange(len(groups)).chunk(self.cfg.updates_per_batch)
         for chunk in chunks:
-            rows_B = torch.isin(batch.group_index_B, chunk.to(batch.group_index_B.device)).nonzero().squeeze(-1)
-            self.optimizer.zero_grad(set_to_none=True)
-            for micro in shard.micro_batches(batch, rows_B, self.cfg.micro_batch_tokens, loss_mask_BL):
-                with shard.accumulating(micro.last):
-                    if not micro.live:
-                        self._stand_in(batch.select(micro.rows_B, trim=True))
-                        continue
-                    share = loss_share(self.objective.aggregation, loss_mask_BL, micro.rows_B, rows_B)
-                    stats = self._micro_backward(batch, micro.rows_B, share, loss_mask_BL, adv_B, prox_logp_BL)
+            grad_norm, parts = self._minibatch(chunk, *step_inputs)
+            if not math.isfinite(grad_norm) and shard.world == 1:
+                poison = [int(g) for g in chunk if not math.isfinite(self._minibatch(g.view(1), *step_inputs)[0])]
+                kept = torch.tensor([int(g) for g in chunk if int(g) not in poison], dtype=torch.long)
+                if poison and len(kept):  # when no group is finite alone, the fault may be the learner's own
+                    self.dropped += [groups[g] for g in poison]
+                    grad_norm, parts = self._minibatch(kept, *step_inputs)
+            for stats, share in parts:
                 acc.add(stats, weight=share / len(chunks))
-            grad_norm = shard.clip_grad_norm(self.trainable, self.cfg.grad_clip)
             acc.add({"opt/lr": self.scheduler.get_last_lr()[0], "opt/grad_norm": grad_norm}, 1 / len(chunks))
             if not math.isfinite(grad_norm):  # never apply inf/NaN: weights and AdamW's moments stay as they are
                 skipped += 1
@@ -185,6 +189,7 @@ class Learner:
         acc = shard.reduce_stats(acc)
         self.version += 1
         stats = {**acc.result(), **shaping_stats, "opt/skipped_updates": float(skipped)}
+        stats["learner/poisoned_groups"] = float(len(self.dropped))
         rewards = batch.rewards_B.float()  # the verifier's rewards, before any shaping
         stats.update(
             {
@@ -197,6 +202,30 @@ class Learner:
             }
         )
         return stats
+
+    def _minibatch(
+        self,
+        chunk: torch.Tensor,
+        batch: Batch,
+        loss_mask_BL: torch.Tensor,
+        adv_B: torch.Tensor,
+        prox_logp_BL: torch.Tensor | None,
+    ) -> tuple[float, list[tuple[dict[str, float], float]]]:
+        """The gradient of the minibatch of groups `chunk`, accumulated over its micro-batches and clipped when
+        finite; returns its pre-clip norm and each micro-batch's (statistics, share of the minibatch)."""
+        shard = self.shard
+        rows_B = torch.isin(batch.group_index_B, chunk.to(batch.group_index_B.device)).nonzero().squeeze(-1)
+        self.optimizer.zero_grad(set_to_none=True)
+        parts = []
+        for micro in shard.micro_batches(batch, rows_B, self.cfg.micro_batch_tokens, loss_mask_BL):
+            with shard.accumulating(micro.last):
+                if not micro.live:
+                    self._stand_in(batch.select(micro.rows_B, trim=True))
+                    continue
+                share = loss_share(self.objective.aggregation, loss_mask_BL, micro.rows_B, rows_B)
+                stats = self._micro_backward(batch, micro.rows_B, share, loss_mask_BL, adv_B, prox_logp_BL)
+            parts.append((stats, share))
+        return shard.clip_grad_norm(self.trainable, self.cfg.grad_clip), parts
 
     @torch.no_grad()
     def _prox_logp(self, batch: Batch, loss_mask_BL: torch.Tensor) -> torch.Tensor:
