@@ -467,6 +467,65 @@ def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory."
     )
 
 
+keys_app = typer.Typer(
+    cls=Group, add_completion=False, no_args_is_help=True, help="Key pairs and sampler credentials (trust)."
+)
+app.add_typer(keys_app, name="keys")
+CredentialsOpt = Annotated[
+    Path, typer.Option("--credentials", help="The learner's credentials file (`trust.credentials`).")
+]
+
+
+@keys_app.command("new", cls=Command)
+@user_errors
+def keys_new(
+    directory: Annotated[Path, typer.Argument(help="Where to write learner.key (mode 600) and learner.pub.")],
+) -> None:
+    """A new learner key pair: the learner signs every published version with it, samplers check with its public
+    half (`trust.learner_private_key`, `trust.learner_public_key`). One pair per run."""
+    from heterorl.weights.signing import write_keypair
+
+    private, public = write_keypair(directory)
+    typer.echo(f"learner key: {private} (keep it on the learner, mode 600)")
+    typer.echo(f"public key:  {public} (copy it to every sampler: trust.learner_public_key)")
+
+
+@keys_app.command("sampler", cls=Command)
+@user_errors
+def keys_sampler(
+    name: Annotated[str, typer.Argument(help="The sampler's name in cluster.samplers.")],
+    credentials: CredentialsOpt,
+    out: Annotated[Path, typer.Option("--out", help="Write the sampler's token here (mode 600); it is not shown.")],
+) -> None:
+    """Give sampler NAME its own credential: a fresh token written to --out for that sampler alone, its SHA-256
+    added to the credentials file (replacing any credential NAME had). A running learner picks it up at once."""
+    import os
+
+    from heterorl.transport.identity import add_sampler
+
+    if out.exists():
+        raise typer.BadParameter(f"{out} exists; refusing to overwrite a token")
+    token = add_sampler(credentials, name)
+    assert token is not None
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    typer.echo(f"{name}: token written to {out}; its hash is in {credentials}")
+
+
+@keys_app.command("revoke", cls=Command)
+@user_errors
+def keys_revoke(
+    name: Annotated[str, typer.Argument(help="The sampler to refuse from now on.")],
+    credentials: CredentialsOpt,
+) -> None:
+    """Revoke sampler NAME's credential: a running learner refuses it from its next request on, the others go on."""
+    from heterorl.transport.identity import revoke_sampler
+
+    revoke_sampler(credentials, name)
+    typer.echo(f"{name}: revoked in {credentials}")
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -12,6 +12,7 @@ from collections.abc import Generator, Iterator, Mapping
 
 import torch
 
+from heterorl.adversaries import Adversary
 from heterorl.config import FrictionConfig
 from heterorl.engines.base import RolloutEngine
 from heterorl.engines.transformers_engine import TransformersEngine
@@ -36,6 +37,7 @@ class Sampler:
         group_size: int,
         seed: int,
         frictions: FrictionConfig | None = None,
+        adversary: Adversary | None = None,
     ) -> None:
         self.sampler_id = sampler_id
         self.engine = engine
@@ -47,6 +49,7 @@ class Sampler:
         self._groups_made = 0
         active = frictions is not None and frictions_active(frictions)
         self.frictions = FrictionInjector(frictions, seed + 1) if active else None
+        self.adversary = adversary  # a lying sampler (experiments; heterorl.adversaries)
 
     @classmethod
     def from_policy(
@@ -58,10 +61,11 @@ class Sampler:
         group_size: int,
         seed: int,
         frictions: FrictionConfig | None = None,
+        adversary: Adversary | None = None,
     ) -> Sampler:
         """A sampler generating with `policy` through the transformers engine (sampling stream seeded by `seed`)."""
         engine = TransformersEngine(policy, seed)
-        return cls(sampler_id, engine, policy.text, task, params, group_size, seed, frictions)
+        return cls(sampler_id, engine, policy.text, task, params, group_size, seed, frictions, adversary)
 
     # ------------------------------------------------------------------ weights
     @property
@@ -95,6 +99,8 @@ class Sampler:
         G = self.group_size
         prompt_ids, prompt_mask = self.text.encode_prompts([p.prompt for p in problems], self.engine.device)
         gen = yield from self.engine.generate(prompt_ids, prompt_mask, G, self.params)
+        if self.adversary is not None:
+            gen = self.adversary.replace_generation(gen, self.engine, prompt_ids, prompt_mask, G, self.params)
         if self.frictions is not None:
             gen = self.frictions.replace_completions(
                 self.text, self.engine, gen, [p for p in problems for _ in range(G)], self.params
@@ -134,4 +140,6 @@ class Sampler:
                     info=info,
                 )
             )
+        if self.adversary is not None:
+            groups = self.adversary.tamper(groups, self.version)
         return groups

@@ -60,6 +60,8 @@ def test_lora_bf16_chat_template_and_frictions_run_live_end_to_end(
         "model.lora={rank: 4, alpha: 8, publish: adapter}",
         "model.dtype=bfloat16",
         "sampler.frictions={actor_bug: 0.2, rare_discovery: 0.2, reward_corruption: 0.2}",
+        "trust.recheck_rewards=false",
+        "trust.verify.fraction=0",
         "cluster.mode=async",
         "cluster.samplers=[{name: a}, {name: b}]",
         "weights.codec=pulse",

@@ -70,6 +70,7 @@ from heterorl.config.training import (
     SamplerConfig,
 )
 from heterorl.config.transport import StoreConfig, TransportConfig, check_store_url
+from heterorl.config.trust import AdversaryConfig, ReputationConfig, TrustConfig, VerifyConfig
 
 __all__ = [
     "AGGREGATION_HELP",
@@ -78,6 +79,7 @@ __all__ = [
     "REWARD_PATTERN",
     "ActorResources",
     "AdditionTaskConfig",
+    "AdversaryConfig",
     "Aggregation",
     "CISPOConfig",
     "CapLevel",
@@ -116,6 +118,7 @@ __all__ = [
     "PretrainConfig",
     "RayConfig",
     "RayLearnerConfig",
+    "ReputationConfig",
     "ReversalTaskConfig",
     "RunConfig",
     "RuntimeConfig",
@@ -126,8 +129,10 @@ __all__ = [
     "TaskConfig",
     "TransformersEngineConfig",
     "TransportConfig",
+    "TrustConfig",
     "UniformDelay",
     "VLLMEngineConfig",
+    "VerifyConfig",
     "WeibullDelay",
     "WeightsConfig",
     "apply_overrides",

@@ -28,6 +28,7 @@ from heterorl.config.training import (
     SamplerConfig,
 )
 from heterorl.config.transport import TransportConfig
+from heterorl.config.trust import AdversaryConfig, TrustConfig
 
 
 class RunConfig(Strict):
@@ -50,11 +51,35 @@ class RunConfig(Strict):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
+    trust: TrustConfig = Field(default_factory=TrustConfig)
+    adversaries: dict[str, AdversaryConfig] = Field(
+        default_factory=dict,
+        description="Simulator experiments: sampler node name -> how that sampler lies (heterorl.adversaries).",
+    )
 
     @model_validator(mode="after")
     def _eta_needs_async(self) -> RunConfig:
         if self.cluster.mode == "sync" and (self.cluster.eta or self.cluster.max_staleness):
             raise ValueError("cluster.eta / cluster.max_staleness only apply to cluster.mode 'async'")
+        return self
+
+    @model_validator(mode="after")
+    def _adversaries_are_nodes(self) -> RunConfig:
+        names = {node.name or f"sampler-{i}" for i, node in enumerate(self.cluster.samplers)}
+        unknown = sorted(set(self.adversaries) - names)
+        if unknown:
+            raise ValueError(f"adversaries {unknown} are not sampler nodes (cluster.samplers: {sorted(names)})")
+        return self
+
+    @model_validator(mode="after")
+    def _frictions_are_not_checked(self) -> RunConfig:
+        f, t = self.sampler.frictions, self.trust
+        injected = f.actor_bug or f.rare_discovery or f.reward_corruption or f.logit_noise
+        if injected and (t.recheck_rewards or t.verify.fraction > 0):
+            raise ValueError(
+                "sampler.frictions inject faults that the learner's trust checks refuse (corrupted rewards, noisy or "
+                "replaced tokens): set trust.recheck_rewards: false and trust.verify.fraction: 0 to study frictions"
+            )
         return self
 
     @model_validator(mode="after")

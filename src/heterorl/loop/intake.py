@@ -26,6 +26,13 @@ rejection with its reason:
 | disk_full | 507 | the journal could not store the group (disk full or failing): retry later, nothing was kept |
 | id_conflict | 409 | a group id already used by a group with other content (a retried POST sends the same bytes) |
 | internal_error | 500 | a bug in a handler of the learner (counted, logged in one line: no traceback per request) |
+| revoked | 403 | the sampler's credential was revoked (`trust.credentials`) |
+| quarantined | 403 | the sampler is quarantined for groups that kept failing the trust checks (loop/reputation.py) |
+| reward_mismatch | 422 | rewards other than the learner's own recomputation (tasks/recheck.py) |
+| unknown_prompt | 422 | a prompt that is not one of the task's training prompts |
+| replayed | 409 | the same completions already came under another group id |
+| logprob_mismatch | 422 | re-scored under the claimed version, its behaviour log-probs differ (loop/verifier.py) |
+| atypical_tokens | 422 | re-scored under the claimed version, the tokens are not a sample of it (loop/verifier.py) |
 
 The digest header is optional (a hand-made request may omit it); samplers always send it.
 A group is acknowledged only after it is in the journal (durable) and in the buffer (in memory), both under
@@ -69,6 +76,13 @@ REJECTION_STATUS = {
     "id_conflict": 409,
     "disk_full": 507,
     "internal_error": 500,
+    "revoked": 403,
+    "quarantined": 403,
+    "reward_mismatch": 422,
+    "unknown_prompt": 422,
+    "replayed": 409,
+    "logprob_mismatch": 422,
+    "atypical_tokens": 422,
 }
 MAX_GROUP_ID_CHARS = 200
 KNOWN_INFO = frozenset(FRICTION_KINDS) | frozenset(VERDICT_INFO)  # what samplers count in `RolloutGroup.info`
@@ -95,6 +109,7 @@ class Verdict:
     outcome: str  # accepted | duplicate | busy | finished | a rejection reason
     group_id: str | None = None
     detail: str = ""
+    sampler: str | None = None  # the decoded group's sampler (None when it did not decode)
 
 
 @dataclass
@@ -141,6 +156,7 @@ class Intake:
         self.payloads: dict[str, bytes] = {}  # queued group id -> its message (checkpointed as is)
         self.finished = False
         self.closed = False
+        self.screen: Callable[[RolloutGroup], tuple[str, str] | None] | None = None  # the trust checks (loop/screen.py)
 
     def limits(self, current_version: int) -> GroupLimits:
         return dataclasses.replace(self.base_limits, current_version=current_version)
@@ -166,6 +182,10 @@ class Intake:
             group = decode_group(body, self.limits(current_version))
         except RolloutError as err:
             return self.reject(rejection_reason(err), str(err))
+        return dataclasses.replace(self._admit(group, body, digest), sampler=group.sampler_id)
+
+    def _admit(self, group: RolloutGroup, body: bytes, digest: str | None) -> Verdict:
+        """A decoded group: content checks, the trust checks (`screen`, once per group id), then queue it."""
         if not 0 < len(group.group_id) <= MAX_GROUP_ID_CHARS or len(group.sampler_id) > MAX_GROUP_ID_CHARS:
             return self.reject("invalid", f"group and sampler ids must have 1 to {MAX_GROUP_ID_CHARS} characters")
         if not set(group.info) <= KNOWN_INFO:
@@ -173,6 +193,11 @@ class Intake:
         if self.prompt_ids is not None and self.prompt_ids(group.prompt) != group.prompt_ids_P.tolist():
             return self.reject("prompt_mismatch", "prompt ids differ from the learner's tokenization of the prompt")
         gid = group.group_id
+        with self.cond:
+            known = gid in self.payloads or gid in self.consumed
+        refused = None if self.screen is None or known else self.screen(group)
+        if refused is not None:
+            return self.reject(*refused)
         with self.cond:
             if self.finished:
                 return Verdict(410, "finished", gid, "the run is finished")

@@ -12,14 +12,20 @@ journal, queue: `Intake`), generation budgets through `admit` (AReaL's rule), wh
 Publishing runs in a worker thread (`BackgroundPublisher`), so it overlaps the next step; a record describes the
 newest *complete* publication (the previous version's), which keeps records identical under every clock.
 
-A step whose gradient is not finite applies no update (`Learner.train_step`); its groups are consumed, so they
-never come back. It still counts as a step and publishes a version (the same weights), so synchronous samplers
-move on. `learner/skipped_steps` counts such steps; `learner.max_skipped_steps` in a row stop the run with
-`TrainingDivergedError`, since something upstream (a sampler, a reward function) then keeps producing poison.
+A group whose own gradient is not finite is dropped from its step and charged to its sampler; the rest of the
+batch trains (`Learner.train_step`). A step that no group explains applies no update; its groups are consumed,
+so they never come back. It still counts as a step and publishes a version (the same weights), so synchronous
+samplers move on. `learner/skipped_steps` counts such steps; `learner.max_skipped_steps` in a row stop the run with
+`TrainingDivergedError`, since something upstream (a reward function, the learner itself) then keeps failing.
+
+The trust checks (`loop/screen.py`: quarantine, rewards recomputed, replays, a share of groups re-scored) run in
+the intake before a group is acknowledged; every decoded group's outcome and every dropped group go to the
+samplers' records (`loop/reputation.py`), which quarantine a sampler that keeps failing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +45,7 @@ from heterorl.learner import Learner
 from heterorl.loop.intake import ACKED, RETRIED, Intake, IntakeCounters, Verdict
 from heterorl.loop.peers import Peers
 from heterorl.loop.publisher import BackgroundPublisher, WeightTraffic
+from heterorl.loop.screen import TrustScreen
 from heterorl.loop.staleness import Admission, RolloutBuffer, staleness_window
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits
@@ -79,7 +86,10 @@ class LearnerLoop:
         recorder: RunRecorder,
         clock: Callable[[], float],
         journal: Journal | None = None,
+        verify_key: bytes | None = None,
     ) -> None:
+        """`verify_key` picks the groups the verifier re-scores: a live learner passes a secret one; by default it
+        derives from the run's seed, so a simulated run is the same whichever clock drives it."""
         self.cfg, self.learner, self.recorder, self.clock = cfg, learner, recorder, clock
         self.B = cfg.learner.groups_per_step
         self.publisher = BackgroundPublisher(cfg.weights)
@@ -112,6 +122,11 @@ class LearnerLoop:
             filter_uniform=cfg.learner.dynamic_sampling,
         )
         self.admission = Admission(eta, self.B, queued)
+        key = verify_key or hashlib.blake2b(f"heterorl-verify-{cfg.seed}".encode(), digest_size=32).digest()
+        names = [node_name(cfg, i) for i in range(len(cfg.cluster.samplers))]
+        decode = learner.policy.text.decode_completions
+        self.trust = TrustScreen.from_config(cfg, names, recorder.task, decode, self.store, key)
+        self.intake.screen = self.trust.check
         self.published_version = -1  # the newest version handed to the publisher
         self.served_ceiling = -1  # the newest version an earlier life of this learner may have served (resume)
         self.before_publish: Callable[[int], None] | None = None  # the driver's hook (a durable mark)
@@ -166,6 +181,8 @@ class LearnerLoop:
         A rejected group will never arrive, so its admission budget is given back. After a resume, versions an
         earlier life served are not from the future: the learner is about to reproduce them."""
         verdict = self.intake.accept(body, max(self.published_version, self.served_ceiling), digest)
+        if verdict.sampler is not None:
+            self.trust.observe(verdict.sampler, verdict.outcome)
         if verdict.outcome not in ACKED + RETRIED:
             with self.intake.cond:
                 self.admission.release(1)
@@ -195,6 +212,7 @@ class LearnerLoop:
     def train(self, taken: Taken) -> StepResult:
         """advantages -> objective -> optimizer step(s) -> version + 1 (`Learner.train_step`)."""
         stats = {**self.learner.train_step(taken.groups), **taken.stale_stats, **verdict_stats(taken.groups)}
+        self.trust.poisoned(self.learner.dropped)
         return StepResult(stats, sum(g.num_tokens for g in taken.groups))
 
     def commit(self, result: StepResult, busy_seconds: float) -> dict[str, Any]:
@@ -203,6 +221,7 @@ class LearnerLoop:
         previous = self.publisher.result()  # the version before this step's, complete
         assert previous is not None, "start() publishes the first version"
         self.publish()
+        self.trust.on_step(self.learner.version)
         skipped = result.stats.get("opt/skipped_updates", 0.0) > 0
         self.skipped_steps += skipped
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
@@ -255,6 +274,7 @@ class LearnerLoop:
             "net/connected": float(len(self.peers.connected(self.cfg.live.connected_seconds))),
             "learner/skipped_steps": float(self.skipped_steps),
         }
+        record.update(self.trust.metrics())
         failed = 0
         for name, peer in sorted(self.peers.snapshot().items()):
             if peer.version is not None:
@@ -288,6 +308,7 @@ class LearnerLoop:
             "net": {**self.intake.counters_json(), "weights_failed": sum(p.failed for p in peers.values())},
             "resumes": self.resumes,
             "skipped_steps": self.skipped_steps,
+            "trust": self.trust.to_json(),
         }
 
     # ---------------------------------------------------------------- durability (resume)
@@ -317,6 +338,7 @@ class LearnerLoop:
             "admission": [self.admission.started, self.admission.released, self.admission.trained],
             "resumes": self.resumes,
             "skipped": [self.skipped_steps, self.skipped_in_a_row],
+            "trust": self.trust.to_json(),
         }
         path = save_learner_state(self.learner, root, queue=queue, extra=extra)
         assert self.intake.journal is not None
@@ -348,6 +370,7 @@ class LearnerLoop:
         self.admission.started, self.admission.released, self.admission.trained = (int(v) for v in x["admission"])
         self.resumes = int(x["resumes"]) + 1
         self.skipped_steps, self.skipped_in_a_row = (int(v) for v in x.get("skipped", [0, 0]))
+        self.trust.restore(x.get("trust", {}))
         self.needs_initial_eval = False
         return queued
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from heterorl.adversaries import Adversary
 from heterorl.config import RunConfig
 from heterorl.engines.base import EngineError, RolloutEngine
 from heterorl.errors import PathNotFoundError
@@ -146,4 +147,21 @@ def build_sampler(cfg: RunConfig, index: int, base: str | None, task: Task | Non
         cfg.sampler.group_size,
         seed=seed,
         frictions=cfg.sampler.frictions,
+        adversary=build_adversary(cfg, index, base, seed),
     )
+
+
+def build_adversary(cfg: RunConfig, index: int, base: str | None, seed: int) -> Adversary | None:
+    """Sampler `index`'s lies when `adversaries` names it; other_model generates with the base model (the warm
+    start it was sent first, never updated) through its own transformers engine."""
+    acfg = cfg.adversaries.get(node_name(cfg, index))
+    if acfg is None:
+        return None
+    other = None
+    if acfg.kind == "other_model":
+        from heterorl.engines.transformers_engine import TransformersEngine
+
+        policy = sampler_policy(cfg, base)
+        other = TransformersEngine(policy, seed + 2)
+        other.load_weights(0, {name: p.detach().clone() for name, p in policy.model.named_parameters()})
+    return Adversary(acfg, seed + 3, other)

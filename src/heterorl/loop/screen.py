@@ -1,0 +1,175 @@
+"""The learner's trust checks of a group, in the order the intake runs them (after decoding and validation, before
+the group is journaled and acknowledged), and the per-sampler records they feed (`loop/reputation.py`).
+
+    refusal = screen.check(group)     None (go on) or (reason, detail); may replace group.rewards_G
+    screen.observe(sampler, outcome)  every decoded group's final outcome at the intake
+    screen.poisoned(groups)           groups the learner dropped from a step
+
+1. quarantined -- the sender is quarantined: refused at once.
+2. reward_mismatch / unknown_prompt -- the learner recomputes the rewards (`tasks/recheck.py`) and the group
+   carries the learner's own from here on (`trust.recheck_rewards`).
+3. replayed -- the same completions of the same prompt already came under another group id (a content fingerprint
+   over the prompt and the sorted completions; groups whose completions are all equal carry no advantage and are
+   not fingerprinted, since an honest sampler repeats those). `trust.replay_window` recent groups are kept.
+4. logprob_mismatch / atypical_tokens -- for the share `trust.verify.fraction` of groups a keyed hash selects, the
+   claimed log-probs are re-scored under the claimed versions (`loop/verifier.py`).
+
+Tolerances per engine and dtype (`TOLERANCES`), measured by benchmarks/verify_calibration.py (docs/deployment.md
+has the figures); `trust.verify.*` override them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
+
+from heterorl.config import RunConfig
+from heterorl.loop.reputation import Reputation
+from heterorl.loop.verifier import RolloutVerifier, Tolerances
+from heterorl.policy import SamplingParams
+from heterorl.rollout import RolloutGroup
+from heterorl.tasks import Task
+from heterorl.tasks.recheck import Decode, recheck_rewards
+from heterorl.weights import WeightStore
+
+TOLERANCES: dict[tuple[str, str], Tolerances] = {
+    # (engine, dtype): measured by benchmarks/verify_calibration.py; docs/deployment.md has the figures
+    ("transformers", "float32"): Tolerances(mean=1e-3, token=1e-2, share_over=0.02, z=5.5),
+    ("transformers", "bfloat16"): Tolerances(mean=0.05, token=0.25, share_over=0.1, z=5.5),
+    ("vllm", "float32"): Tolerances(mean=0.02, token=0.1, share_over=0.05, z=5.5),
+    ("vllm", "bfloat16"): Tolerances(mean=0.05, token=0.25, share_over=0.1, z=5.5),
+}
+
+
+def tolerances_for(cfg: RunConfig) -> Tolerances:
+    """The calibrated tolerances of the samplers' engine and dtype, with `trust.verify`'s overrides."""
+    base = TOLERANCES[(cfg.sampler.engine.name, cfg.model.dtype)]
+    v = cfg.trust.verify
+    return Tolerances(
+        mean=base.mean if v.mean_tolerance is None else v.mean_tolerance,
+        token=base.token if v.token_tolerance is None else v.token_tolerance,
+        share_over=base.share_over if v.max_share_over is None else v.max_share_over,
+        z=base.z if v.z_tolerance is None else v.z_tolerance,
+    )
+
+
+def fingerprint(group: RolloutGroup) -> bytes | None:
+    """The group's content (prompt and completions, in any row order); None when all completions are equal."""
+    mask_GL = group.completion_mask_GL.bool()
+    rows = sorted(group.completion_ids_GL[g][mask_GL[g]].numpy().tobytes() for g in range(group.size))
+    if len(set(rows)) < 2:
+        return None
+    h = hashlib.blake2b(digest_size=16)
+    h.update(group.prompt_ids_P.numpy().tobytes())
+    for row in rows:
+        h.update(len(row).to_bytes(8, "little") + row)
+    return h.digest()
+
+
+class TrustScreen:
+    """The trust checks and the reputation they feed (see the module docstring)."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        names: Iterable[str],
+        task: Task | None,
+        decode: Decode,
+        verifier: RolloutVerifier | None,
+    ) -> None:
+        self.cfg = cfg.trust
+        self.task, self.decode, self.verifier = task, decode, verifier
+        self.reputation = Reputation(cfg.trust.reputation, names)
+        self._seen: OrderedDict[bytes, str] = OrderedDict()  # content fingerprint -> the group id it came under
+        self.lock = threading.Lock()  # request threads and the training thread; one re-score at a time
+
+    @classmethod
+    def from_config(
+        cls, cfg: RunConfig, names: Iterable[str], task: Task, decode: Decode, store: WeightStore, key: bytes
+    ) -> TrustScreen:
+        """The screen of a learner: its task and tokenizer (`decode`), and a rollout verifier on the samplers'
+        architecture and dtype that rebuilds claimed versions from `store` (none when `trust.verify.fraction` is
+        0); `key` picks the verified groups (secret from samplers)."""
+        from heterorl.run.build import sampler_policy  # the model the samplers run, in their dtype
+
+        verifier = None
+        if cfg.trust.verify.fraction > 0:
+            verifier = RolloutVerifier(
+                sampler_policy(cfg, None),
+                SamplingParams.from_config(cfg.sampler),
+                store.weights_at,
+                tolerances_for(cfg),
+                cfg.trust.verify.fraction,
+                key=key,
+                cache_versions=cfg.trust.verify.cache_versions,
+            )
+        return cls(cfg, names, task, decode, verifier)
+
+    # ---------------------------------------------------------------- the checks
+    def check(self, group: RolloutGroup) -> tuple[str, str] | None:
+        """None when the group may go on to the queue, else (reason, detail)."""
+        with self.lock:
+            return self._check(group)
+
+    def _check(self, group: RolloutGroup) -> tuple[str, str] | None:
+        sampler = group.sampler_id
+        if self.reputation.quarantined(sampler):
+            return "quarantined", f"sampler {sampler!r} is quarantined"
+        if self.cfg.recheck_rewards and self.task is not None:
+            verdict = recheck_rewards(self.task, group, self.decode, self.cfg.reward_tolerance)
+            if verdict.refused:
+                return verdict.reason, verdict.detail
+            if verdict.rewards_G is not None:
+                group.rewards_G = verdict.rewards_G  # train on the learner's own
+        if self.cfg.replay_window:
+            print_ = fingerprint(group)
+            first = None if print_ is None else self._seen.get(print_)
+            if first is not None and first != group.group_id:
+                return "replayed", f"the same completions came as group {first}"
+            if print_ is not None:
+                self._seen[print_] = group.group_id
+                while len(self._seen) > self.cfg.replay_window:
+                    self._seen.popitem(last=False)
+        if self.verifier is not None and self.verifier.selected(group.group_id):
+            result = self.verifier.check(group)
+            if result.reason != "unverifiable":
+                self.reputation.verified(sampler, result.ok, result.pit_sum, result.tokens)
+            if not result.ok and result.reason != "unverifiable":
+                return result.reason, result.detail
+        return None
+
+    def observe(self, sampler: str, outcome: str) -> None:
+        """A decoded group's final outcome at the intake."""
+        with self.lock:
+            self.reputation.record(sampler, outcome)
+
+    def poisoned(self, groups: Iterable[RolloutGroup]) -> None:
+        """Groups the learner dropped from a step (`Learner.dropped`)."""
+        with self.lock:
+            for group in groups:
+                self.reputation.poisoned(group.sampler_id)
+
+    def on_step(self, version: int) -> list[str]:
+        """The learner published `version`: quarantines that end (`trust.reputation.release_after_steps`)."""
+        with self.lock:
+            return self.reputation.on_step(version)
+
+    def metrics(self) -> dict[str, float]:
+        """`trust/*` keys of a metrics record: per-sampler charges, verifications, quarantines."""
+        with self.lock:
+            out = self.reputation.metrics()
+            if self.verifier is not None:
+                out["trust/verified_total"] = float(self.verifier.checked)
+                out["trust/unverifiable_total"] = float(self.verifier.unverifiable)
+            return out
+
+    def to_json(self) -> dict:
+        """Per-sampler records (summary.json and the learner's durable state)."""
+        with self.lock:
+            return self.reputation.to_json()
+
+    def restore(self, records: dict) -> None:
+        with self.lock:
+            self.reputation.restore(records)
