@@ -136,16 +136,16 @@ def with_share(checks: list, token_tol: float) -> list:
     return out
 
 
-def learner_step_seconds(path: Path, groups: list[RolloutGroup], device: str) -> float:
-    """Wall seconds of one GRPO learner step on `groups` (fp32 master weights, the default objective)."""
+def learner_step_seconds(path: Path, groups: list[RolloutGroup], device: str) -> tuple[float, float]:
+    """(wall, CPU) seconds of one GRPO learner step on `groups` (fp32 master weights, the default objective)."""
     cfg = load_config(None, [f"learner.groups_per_step={len(groups)}", f"model.device={device}"])
     learner = Learner(Policy.load(path, torch.device(device)), cfg)
     learner.train_step(groups)  # warm-up
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), cpu_seconds()
     learner.train_step(groups)
     if device == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, cpu_seconds() - cpu
 
 
 def run(name: str, dtype: str, args: argparse.Namespace) -> dict:
@@ -195,16 +195,19 @@ def run(name: str, dtype: str, args: argparse.Namespace) -> dict:
     tol = Tolerances(args.mean_tol, args.token_tol, args.share_tol, args.z_tol)
     for row in rows:
         row["caught"] = caught(with_share(cases[row["case"]], tol.token), tol)
-    step = learner_step_seconds(path, honest[: args.learner_groups], args.device) if args.learner_groups else None
+    step, step_cpu = learner_step_seconds(path, honest[: args.learner_groups], args.device)
     verify_s = statistics.median(seconds)
     cost = {
         "verify_s_per_group_median": verify_s,
         "verify_cpu_s_per_group": cpu_per_group,
         "learner_step_s": step,
+        "learner_step_cpu_s": step_cpu,
         "learner_groups": args.learner_groups,
+        # verification at fraction f adds f * B * t_verify to a step that costs t_step (CPU seconds: the machine's
+        # load does not enter; on a GPU the wall figures are the ones to read)
+        "share_of_learner_at_0.1": 0.1 * args.learner_groups * cpu_per_group / step_cpu,
+        "share_of_learner_at_0.1_wall": 0.1 * args.learner_groups * verify_s / step,
     }
-    if step:
-        cost["share_of_learner_at_0.1"] = 0.1 * args.learner_groups * verify_s / step
     mean_len = statistics.mean(g.num_tokens / g.size for g in honest)
     return {
         "model": name,
@@ -234,7 +237,7 @@ def main() -> None:
     parser.add_argument("--token-tol", type=float, default=0.1)
     parser.add_argument("--share-tol", type=float, default=0.1)
     parser.add_argument("--z-tol", type=float, default=5.0)
-    parser.add_argument("--learner-groups", type=int, default=16, help="groups of the timed learner step (0: none)")
+    parser.add_argument("--learner-groups", type=int, default=16, help="groups of the timed learner step")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--seed", type=int, default=0)

@@ -125,7 +125,7 @@ class LearnerLoop:
         key = verify_key or hashlib.blake2b(f"heterorl-verify-{cfg.seed}".encode(), digest_size=32).digest()
         names = [node_name(cfg, i) for i in range(len(cfg.cluster.samplers))]
         decode = learner.policy.text.decode_completions
-        self.trust = TrustScreen.from_config(cfg, names, recorder.task, decode, self.store, key)
+        self.trust = TrustScreen.from_config(cfg, names, recorder.task, decode, self.weights_at, key)
         self.intake.screen = self.trust.check
         self.published_version = -1  # the newest version handed to the publisher
         self.served_ceiling = -1  # the newest version an earlier life of this learner may have served (resume)
@@ -175,6 +175,13 @@ class LearnerLoop:
         self.published_weights = self.learner.export_weights()
         self.publisher.submit(self.learner.version, self.published_weights)
         self.published_version = self.learner.version
+
+    def weights_at(self, version: int) -> dict[str, torch.Tensor]:
+        """A published version's wire-dtype tensors, for the verifier: the newest as exported (its publish may still
+        be running), older ones rebuilt by the store (`WeightStore.weights_at`; LookupError when it cannot)."""
+        if version == self.published_version:
+            return self.published_weights
+        return self.store.weights_at(version)
 
     def offer(self, body: bytes, digest: str | None = None) -> Verdict:
         """One encoded group from a sampler: accepted, duplicate, busy, finished, or rejected with its reason.

@@ -1,0 +1,126 @@
+"""Issue 25's table from a finished `heterorl sweep sweeps/adversaries.yaml`: per adversary kind (one of four
+samplers, `s3`, lying) and defences on / off, the share of the liar's groups the learner refused, the false-positive
+rate on the honest samplers, and held-out accuracy after the last step, mean +- sd over seeds, against the
+all-honest runs with the same defences.
+
+    .venv/bin/heterorl sweep sweeps/adversaries.yaml            # 36 runs (6 kinds x on/off x 3 seeds)
+    .venv/bin/python benchmarks/adversaries.py runs/adversaries [--markdown]
+
+From each run directory: config.yaml (which adversary, which defences), summary.json (`trust`: every sampler's
+record, `accuracy_final`) and metrics.jsonl (the step at which the liar was quarantined). Caught = the liar's
+groups refused for a charged reason, dropped from a step as poison, or refused while quarantined, over all its
+groups that reached the learner; a false positive = an honest sampler's group charged the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import yaml
+
+from heterorl.loop.reputation import CHARGED
+from heterorl.metrics import read_metrics
+
+LIAR = "s3"
+CAUGHT = CHARGED | {"quarantined"}
+
+
+def caught_and_sent(record: dict) -> tuple[int, int]:
+    """(groups refused or dropped for a charged reason or quarantine, groups that reached the learner)."""
+    refused = record["refused"]
+    caught = sum(n for reason, n in refused.items() if reason in CAUGHT)
+    sent = record["accepted"] + sum(n for reason, n in refused.items() if reason != "poisoned")
+    return caught, sent
+
+
+def quarantined_at(run: Path) -> int | None:
+    for rec in read_metrics(run / "metrics.jsonl"):
+        if rec.get("kind") == "train" and rec.get(f"trust/{LIAR}/quarantined") == 1.0:
+            return int(rec["step"])
+    return None
+
+
+def one_run(run: Path) -> dict | None:
+    summary_path = run / "summary.json"
+    if not summary_path.is_file():
+        return None
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    summary = json.loads(summary_path.read_text())
+    liar = cfg.get("adversaries", {}).get(LIAR)
+    trust = cfg["trust"]
+    on = trust["recheck_rewards"] or trust["verify"]["fraction"] > 0
+    records = summary.get("trust", {})
+    honest = [records[n] for n in records if n != LIAR] + ([records[LIAR]] if liar is None and LIAR in records else [])
+    fp = [caught_and_sent(r) for r in honest]
+    out = {
+        "kind": "none" if liar is None else liar["kind"],
+        "defences": "on" if on else "off",
+        "seed": cfg["seed"],
+        "accuracy": summary["accuracy_final"],
+        "steps": summary["steps"],
+        "false_positive": sum(c for c, _ in fp) / max(1, sum(s for _, s in fp)),
+        "honest_charged": sum(c for c, _ in fp),
+    }
+    if liar is not None and LIAR in records:
+        caught, sent = caught_and_sent(records[LIAR])
+        out.update(caught=caught / max(1, sent), liar_sent=sent, quarantined_at=quarantined_at(run))
+    return out
+
+
+def fmt(values: list[float], pct: bool = True) -> str:
+    if not values:
+        return "-"
+    scale = 100.0 if pct else 1.0
+    mean = statistics.mean(values) * scale
+    if len(values) == 1:
+        return f"{mean:.1f}"
+    return f"{mean:.1f} ± {statistics.stdev(values) * scale:.1f}"
+
+
+def table(rows: list[dict]) -> str:
+    by = defaultdict(list)
+    for r in rows:
+        by[(r["kind"], r["defences"])].append(r)
+    kinds = ["none", "forged_logprobs", "poison", "other_model", "forged_rewards", "replay"]
+    lines = [
+        "| adversary (1 of 4) | defences | liar's groups caught % | quarantined at step | honest false positives % "
+        "| held-out accuracy % | vs all-honest (points) | seeds |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for kind in [k for k in kinds if any(key[0] == k for key in by)] + sorted({k for k, _ in by} - set(kinds)):
+        for defences in ("on", "off"):
+            runs = by.get((kind, defences))
+            if not runs:
+                continue
+            honest = {r["seed"]: r["accuracy"] for r in by.get(("none", defences), [])}
+            deltas = [r["accuracy"] - honest[r["seed"]] for r in runs if r["seed"] in honest]
+            q = [r["quarantined_at"] for r in runs if r.get("quarantined_at") is not None]
+            lines.append(
+                f"| {kind} | {defences} | {fmt([r['caught'] for r in runs if 'caught' in r])} "
+                f"| {fmt(q, pct=False) if q else '-'} ({len(q)}/{len(runs)}) "
+                f"| {fmt([r['false_positive'] for r in runs])} | {fmt([r['accuracy'] for r in runs])} "
+                f"| {fmt(deltas) if kind != 'none' else '-'} | {len(runs)} |"
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep_dir", type=Path, help="the sweep's output directory (runs/adversaries)")
+    parser.add_argument("--json", type=Path, help="also write every run's row here")
+    args = parser.parse_args()
+    rows = [r for run in sorted(args.sweep_dir.iterdir()) if run.is_dir() and (r := one_run(run)) is not None]
+    if not rows:
+        sys.exit(f"no finished runs under {args.sweep_dir}")
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
