@@ -18,8 +18,10 @@ from heterorl.weights.signing import (
     Authority,
     KeyFileError,
     Signer,
+    authority_from,
     load_private_key,
     load_public_key,
+    signer_from,
     write_keypair,
 )
 
@@ -67,8 +69,9 @@ def test_key_files_have_safe_permissions_and_are_never_overwritten(tmp_path: Pat
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
     assert stat.S_IMODE(public.stat().st_mode) == 0o644
     assert stat.S_IMODE((tmp_path / "k").stat().st_mode) == 0o700
-    signer = Signer(load_private_key(private))
-    Authority(load_public_key(public)).verify_manifest(b"m", signer.sign_manifest(b"m"))
+    signer = signer_from(private, epoch=2)  # what `trust.learner_private_key` / `learner_public_key` give
+    authority_from(public).verify_manifest(b"m", signer.sign_manifest(b"m"))
+    assert (signer.epoch, signer_from(None, 0), authority_from(None)) == (2, None, None)
     with pytest.raises(KeyFileError, match="refusing to overwrite"):
         write_keypair(tmp_path / "k")
     os.chmod(private, 0o640)

@@ -142,6 +142,16 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
     return key
 
 
+def signer_from(private_key_path: str | Path | None, epoch: int) -> Signer | None:
+    """The learner's signer from `trust.learner_private_key` (None: weights go unsigned, as before)."""
+    return None if private_key_path is None else Signer(load_private_key(private_key_path), epoch)
+
+
+def authority_from(public_key_path: str | Path | None) -> Authority | None:
+    """A sampler's authority from `trust.learner_public_key` (None: it checks hashes only, as before)."""
+    return None if public_key_path is None else Authority(load_public_key(public_key_path))
+
+
 # ---------------------------------------------------------------- learner side
 class Signer:
     """The learner's signing key in one epoch. Signing a blob costs a BLAKE2b pass over it (~1 GB/s) and ~50 us;
