@@ -6,6 +6,7 @@ batch neither skips the honest groups nor stops the run."""
 from __future__ import annotations
 
 import copy
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,15 @@ def test_a_replay_under_a_new_id_is_refused_and_a_retry_under_its_own_is_a_dupli
     verdict = loop.offer(encode_group(replay))
     assert verdict.outcome == "replayed"
     assert first.group_id in verdict.detail
+    same = as_sampler(varied[0], "eve")  # another sampler, the same content: refused, not held against eve
+    assert loop.offer(encode_group(same)).outcome == "same_content"
+    rescored = as_sampler(varied[0], "bob", "-rescored")
+    rescored.behavior_logp_GL = rescored.behavior_logp_GL * 1.001  # other log-probs: another sample
+    assert loop.offer(encode_group(rescored)).outcome == "accepted"
+    records = loop.trust.to_json()
+    assert records["bob"]["refused"] == {"replayed": 1}
+    assert records["eve"]["refused"] == {"same_content": 1}
+    assert loop.trust.reputation.records["eve"].recent == deque()  # not judged: no charge
 
 
 def test_the_learner_trains_on_its_own_rewards(live, tiny_model_dir) -> None:

@@ -30,7 +30,8 @@ rejection with its reason:
 | quarantined | 403 | the sampler is quarantined for groups that kept failing the trust checks (loop/reputation.py) |
 | reward_mismatch | 422 | rewards other than the learner's own recomputation (tasks/recheck.py) |
 | unknown_prompt | 422 | a prompt that is not one of the task's training prompts |
-| replayed | 409 | the same completions already came under another group id |
+| replayed | 409 | the same completions (and log-probs) already came from this sampler under another group id |
+| same_content | 409 | the same completions (and log-probs) already came from another sampler (not held against it) |
 | logprob_mismatch | 422 | re-scored under the claimed version, its behaviour log-probs differ (loop/verifier.py) |
 | atypical_tokens | 422 | re-scored under the claimed version, the tokens are not a sample of it (loop/verifier.py) |
 
@@ -81,6 +82,7 @@ REJECTION_STATUS = {
     "reward_mismatch": 422,
     "unknown_prompt": 422,
     "replayed": 409,
+    "same_content": 409,
     "logprob_mismatch": 422,
     "atypical_tokens": 422,
 }

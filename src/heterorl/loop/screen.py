@@ -8,9 +8,12 @@ the group is journaled and acknowledged), and the per-sampler records they feed 
 1. quarantined -- the sender is quarantined: refused at once.
 2. reward_mismatch / unknown_prompt -- the learner recomputes the rewards (`tasks/recheck.py`) and the group
    carries the learner's own from here on (`trust.recheck_rewards`).
-3. replayed -- the same completions of the same prompt already came under another group id (a content fingerprint
-   over the prompt and the sorted completions; groups whose completions are all equal carry no advantage and are
-   not fingerprinted, since an honest sampler repeats those). `trust.replay_window` recent groups are kept.
+3. replayed / same_content -- the same completions of the same prompt, with the same behaviour log-probs, already
+   came under another group id (a content fingerprint over the prompt and the sorted rows of token ids and
+   log-prob bits; `trust.replay_window` recent groups are kept). From the same sampler that is a replay (charged);
+   from another sampler it is refused as `same_content` and not charged: two honest samplers at one version can
+   draw one prompt and sample the same completions, bit for bit. Groups whose completions are all equal carry no
+   advantage and are not fingerprinted.
 4. logprob_mismatch / atypical_tokens -- for the share `trust.verify.fraction` of groups a keyed hash selects, the
    claimed log-probs are re-scored under the claimed versions (`loop/verifier.py`).
 
@@ -56,11 +59,14 @@ def tolerances_for(cfg: RunConfig) -> Tolerances:
 
 
 def fingerprint(group: RolloutGroup) -> bytes | None:
-    """The group's content (prompt and completions, in any row order); None when all completions are equal."""
+    """The group's content (prompt, completions and their log-prob bits, in any row order); None when all
+    completions are equal."""
     mask_GL = group.completion_mask_GL.bool()
-    rows = sorted(group.completion_ids_GL[g][mask_GL[g]].numpy().tobytes() for g in range(group.size))
-    if len(set(rows)) < 2:
+    ids = [group.completion_ids_GL[g][mask_GL[g]].numpy().tobytes() for g in range(group.size)]
+    if len(set(ids)) < 2:
         return None
+    logp = [group.behavior_logp_GL[g][mask_GL[g]].float().numpy().tobytes() for g in range(group.size)]
+    rows = sorted(a + b for a, b in zip(ids, logp, strict=True))
     h = hashlib.blake2b(digest_size=16)
     h.update(group.prompt_ids_P.numpy().tobytes())
     for row in rows:
@@ -82,7 +88,7 @@ class TrustScreen:
         self.cfg = cfg.trust
         self.task, self.decode, self.verifier = task, decode, verifier
         self.reputation = Reputation(cfg.trust.reputation, names)
-        self._seen: OrderedDict[bytes, str] = OrderedDict()  # content fingerprint -> the group id it came under
+        self._seen: OrderedDict[bytes, tuple[str, str]] = OrderedDict()  # fingerprint -> (group id, sampler)
         self.lock = threading.Lock()  # request threads and the training thread; one re-score at a time
 
     @classmethod
@@ -126,10 +132,11 @@ class TrustScreen:
         if self.cfg.replay_window:
             print_ = fingerprint(group)
             first = None if print_ is None else self._seen.get(print_)
-            if first is not None and first != group.group_id:
-                return "replayed", f"the same completions came as group {first}"
+            if first is not None and first[0] != group.group_id:
+                reason = "replayed" if first[1] == sampler else "same_content"
+                return reason, f"the same completions came as group {first[0]}"
             if print_ is not None:
-                self._seen[print_] = group.group_id
+                self._seen[print_] = (group.group_id, sampler)
                 while len(self._seen) > self.cfg.replay_window:
                     self._seen.popitem(last=False)
         if self.verifier is not None and self.verifier.selected(group.group_id):
