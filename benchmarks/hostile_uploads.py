@@ -269,11 +269,12 @@ def main(argv: list[str] | None = None) -> int:
         impostor.rewards_G[0] = 0.5
         row("its id with other content", lambda: post(addr, encode_group(impostor)))
         poisoned = altered(next(pool), set_logp(-103.5), "p")  # a log-prob float32 sampling can emit
-        row("log-prob -103.5 (accepted; its step is skipped)", lambda: post(addr, poisoned))
+        row("log-prob -103.5 (accepted; dropped from its step if it poisons it)", lambda: post(addr, poisoned))
         for _ in range(2):
             post(addr, encode_group(next(pool)))
         time.sleep(3)
         skipped = status(url).get("skipped_steps")
+        dropped = sum(r["poisoned"] for r in status(url).get("trust", {}).values())
         names_before = len(status(url).get("samplers", {}))
         auth = f"Host: x\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
         for i in range(200):
@@ -284,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         print("| --- | --- | --- | --- | --- |")
         for what, code, outcome, count, alive in rows:
             print(f"| {what} | {code} | {outcome} | {count} | {alive} |")
-        print(f"\nskipped steps after the -103.5 group: {skipped}; learner version {status(url).get('version')}")
+        version = status(url).get("version")
+        print(f"\nafter the -103.5 group: {skipped} skipped steps, {dropped} dropped; learner version {version}")
         print(f"sampler names in /v1/status after 200 made-up names: {names_before} -> {names_after}")
 
         # memory: 20 concurrent uploads of the largest size the learner reads (and 20 of 16 MiB, refused unread)

@@ -186,6 +186,7 @@ class LiveLearner:
             "elapsed_s": round(loop.now(), 3),
             "resumes": loop.resumes,
             "skipped_steps": loop.skipped_steps,
+            "trust": loop.trust.to_json(),  # every sampler's record: accepted, refused by reason, quarantine
         }
 
 
