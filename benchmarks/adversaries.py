@@ -4,7 +4,8 @@ rate on the honest samplers, and held-out accuracy after the last step, mean +- 
 all-honest runs with the same defences.
 
     .venv/bin/heterorl sweep sweeps/adversaries.yaml            # 36 runs (6 kinds x on/off x 3 seeds)
-    .venv/bin/python benchmarks/adversaries.py runs/adversaries [--markdown]
+    .venv/bin/heterorl sweep sweeps/adversaries-poison.yaml    # 12 runs: the poison on GRPO
+    .venv/bin/python benchmarks/adversaries.py runs/adversaries runs/adversaries-poison
 
 From each run directory: config.yaml (which adversary, which defences), summary.json (`trust`: every sampler's
 record, `accuracy_final`) and metrics.jsonl (the step at which the liar was quarantined). Caught = the liar's
@@ -45,24 +46,34 @@ def quarantined_at(run: Path) -> int | None:
     return None
 
 
+def last_eval(run: Path) -> tuple[int, float]:
+    """(step, held-out accuracy) of the last evaluation in metrics.jsonl."""
+    evals = [r for r in read_metrics(run / "metrics.jsonl") if r.get("kind") == "eval"]
+    return int(evals[-1]["step"]), float(evals[-1]["eval/accuracy"])
+
+
 def one_run(run: Path) -> dict | None:
-    summary_path = run / "summary.json"
-    if not summary_path.is_file():
+    """One run's row; a run that failed (TrainingDivergedError: no summary.json) keeps its last evaluation."""
+    if not (run / "config.yaml").is_file() or not (run / "metrics.jsonl").is_file():
         return None
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    summary = json.loads(summary_path.read_text())
+    summary_path = run / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    step, accuracy = last_eval(run)
     liar = cfg.get("adversaries", {}).get(LIAR)
     trust = cfg["trust"]
     on = trust["recheck_rewards"] or trust["verify"]["fraction"] > 0
     records = summary.get("trust", {})
     honest = [records[n] for n in records if n != LIAR] + ([records[LIAR]] if liar is None and LIAR in records else [])
     fp = [caught_and_sent(r) for r in honest]
+    objective = cfg["objective"]["name"]
+    kind = "none" if liar is None else liar["kind"]
     out = {
-        "kind": "none" if liar is None else liar["kind"],
+        "kind": kind if objective == "gepo" else f"{kind} ({objective})",
         "defences": "on" if on else "off",
         "seed": cfg["seed"],
-        "accuracy": summary["accuracy_final"],
-        "steps": summary["steps"],
+        "accuracy": summary.get("accuracy_final", accuracy),
+        "stopped_at": None if summary else step,
         "false_positive": sum(c for c, _ in fp) / max(1, sum(s for _, s in fp)),
         "honest_charged": sum(c for c, _ in fp),
     }
@@ -86,10 +97,11 @@ def table(rows: list[dict]) -> str:
     by = defaultdict(list)
     for r in rows:
         by[(r["kind"], r["defences"])].append(r)
-    kinds = ["none", "forged_logprobs", "poison", "other_model", "forged_rewards", "replay"]
+    kinds = ["none", "forged_logprobs", "poison", "other_model", "forged_rewards", "replay", "none (grpo)"]
+    kinds.append("poison (grpo)")
     lines = [
         "| adversary (1 of 4) | defences | liar's groups caught % | quarantined at step | honest false positives % "
-        "| held-out accuracy % | vs all-honest (points) | seeds |",
+        "| held-out accuracy % (last evaluation) | vs all-honest (points) | seeds |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for kind in [k for k in kinds if any(key[0] == k for key in by)] + sorted({k for k, _ in by} - set(kinds)):
@@ -97,13 +109,16 @@ def table(rows: list[dict]) -> str:
             runs = by.get((kind, defences))
             if not runs:
                 continue
-            honest = {r["seed"]: r["accuracy"] for r in by.get(("none", defences), [])}
+            baseline = "none" if "(" not in kind else "none " + kind[kind.index("(") :]
+            honest = {r["seed"]: r["accuracy"] for r in by.get((baseline, defences), [])}
             deltas = [r["accuracy"] - honest[r["seed"]] for r in runs if r["seed"] in honest]
             q = [r["quarantined_at"] for r in runs if r.get("quarantined_at") is not None]
+            stopped = [r["stopped_at"] for r in runs if r["stopped_at"] is not None]
+            note = f" (stopped: {len(stopped)} of {len(runs)} runs, at steps {stopped})" if stopped else ""
             lines.append(
                 f"| {kind} | {defences} | {fmt([r['caught'] for r in runs if 'caught' in r])} "
                 f"| {fmt(q, pct=False) if q else '-'} ({len(q)}/{len(runs)}) "
-                f"| {fmt([r['false_positive'] for r in runs])} | {fmt([r['accuracy'] for r in runs])} "
+                f"| {fmt([r['false_positive'] for r in runs])} | {fmt([r['accuracy'] for r in runs])}{note} "
                 f"| {fmt(deltas) if kind != 'none' else '-'} | {len(runs)} |"
             )
     return "\n".join(lines)
@@ -112,9 +127,14 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_dir", type=Path, help="the sweep's output directory (runs/adversaries)")
+    parser.add_argument("more", type=Path, nargs="*", help="other sweeps' directories (runs/adversaries-poison)")
     parser.add_argument("--json", type=Path, help="also write every run's row here")
     args = parser.parse_args()
-    rows = [r for run in sorted(args.sweep_dir.iterdir()) if run.is_dir() and (r := one_run(run)) is not None]
+    rows = []
+    for sweep_dir in [args.sweep_dir, *args.more]:
+        status = {r["name"]: r["status"] for r in json.loads((sweep_dir / "sweep.json").read_text())["runs"]}
+        finished = [run for run in sorted(sweep_dir.iterdir()) if status.get(run.name) in ("done", "skipped", "failed")]
+        rows += [r for run in finished if (r := one_run(run)) is not None]
     if not rows:
         sys.exit(f"no finished runs under {args.sweep_dir}")
     print(table(rows))

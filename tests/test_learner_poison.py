@@ -85,6 +85,17 @@ def test_the_poison_is_what_the_issue_measured_a_non_finite_step(tiny_model_dir,
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_without_dropping_the_poison_skips_the_whole_step(tiny_model_dir, groups) -> None:
+    """`learner.drop_poisoned_groups: false` is the behaviour before issue 25 (what the experiments compare with)."""
+    cfg = tiny_config(tiny_model_dir, "learner.drop_poisoned_groups=false")
+    learner = Learner(Policy.load(tiny_model_dir), cfg)
+    before = learner_state(learner)
+    stats = learner.train_step([groups[0], poisoned(groups[1]), groups[2], groups[3]])
+    assert (stats["opt/skipped_updates"], stats["learner/poisoned_groups"]) == (1.0, 0.0)
+    after = learner_state(learner)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
 def test_a_batch_of_poison_only_applies_nothing(tiny_model_dir, groups) -> None:
     """No group of the minibatch is finite alone: the learner cannot tell poison from its own fault, so it drops
     and charges nobody, and applies nothing (today's guard)."""

@@ -171,7 +171,7 @@ class Learner:
         chunks = torch.arange(len(groups)).chunk(self.cfg.updates_per_batch)
         for chunk in chunks:
             grad_norm, parts = self._minibatch(chunk, *step_inputs)
-            if not math.isfinite(grad_norm) and shard.world == 1:
+            if not math.isfinite(grad_norm) and shard.world == 1 and self.cfg.drop_poisoned_groups:
                 poison = [int(g) for g in chunk if not math.isfinite(self._minibatch(g.view(1), *step_inputs)[0])]
                 kept = torch.tensor([int(g) for g in chunk if int(g) not in poison], dtype=torch.long)
                 if poison and len(kept):  # when no group is finite alone, the fault may be the learner's own

@@ -86,6 +86,11 @@ class LearnerConfig(Strict):
         le=1_000_000,
         description="Stop with an error after this many steps in a row with a non-finite gradient (not applied).",
     )
+    drop_poisoned_groups: bool = Field(
+        True,
+        description="A group whose own gradient is not finite is dropped from its step (charged to its sampler) and "
+        "the rest trains; false: the whole step is skipped, as before (experiments measure the attack with it).",
+    )
 
     @model_validator(mode="after")
     def _reward_range(self) -> LearnerConfig:
