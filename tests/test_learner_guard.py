@@ -63,6 +63,7 @@ def test_skipped_steps_are_recorded_and_too_many_in_a_row_stop_the_learner(tmp_p
         REWARD,
         "learner.max_skipped_steps=2",
         "learner.steps=10",
+        "trust.verify.fraction=0",  # the learner's own guard: the verifier would refuse some poison first
         events=EventLog(log),
     )
     groups = sample_groups(live, tiny_model_dir, 16)

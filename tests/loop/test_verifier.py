@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from heterorl.loop.verifier import RolloutVerifier, Tolerances, judge, pit, uniform_key
+from heterorl.loop.verifier import RolloutVerifier, Tolerances, content, judge, pit, uniform_key
 from heterorl.policy import Policy, SamplingParams
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
@@ -138,11 +138,17 @@ def test_the_calibration_test_catches_greedy_completions_re_scored_honestly(setu
     assert all(abs(r.z) < TOL.z for r in pooled)
 
 
-def test_selection_is_keyed_and_near_the_fraction(setup) -> None:
-    ids = [f"s0:{i}" for i in range(4000)]
-    picked = [uniform_key(b"k", gid, b"select") < 0.1 * 2.0**64 for gid in ids]
-    assert 0.085 < sum(picked) / len(ids) < 0.115
-    other = [uniform_key(b"other key", gid, b"select") < 0.1 * 2.0**64 for gid in ids]
+def test_selection_is_keyed_by_content_and_near_the_fraction(setup) -> None:
+    messages = [f"tokens {i}".encode() for i in range(4000)]
+    picked = [uniform_key(b"k", m, b"select") < 0.1 * 2.0**64 for m in messages]
+    assert 0.085 < sum(picked) / len(messages) < 0.115
+    other = [uniform_key(b"other key", m, b"select") < 0.1 * 2.0**64 for m in messages]
     assert picked != other  # a sampler without the key cannot tell which groups will be checked
-    v = verifier(setup, fraction=0.1)
-    assert [v.selected(gid) for gid in ids] == picked
+    v = verifier(setup, fraction=0.5)
+    groups = setup[2]
+    chosen = [v.selected(g) for g in groups]
+    assert chosen == [uniform_key(b"k", content(g), b"select") < 0.5 * 2.0**64 for g in groups]
+    renamed = [copy.deepcopy(g) for g in groups]
+    for g in renamed:
+        g.group_id += "@another-boot"  # a live sampler's ids carry its boot id: the choice does not depend on it
+    assert [v.selected(g) for g in renamed] == chosen

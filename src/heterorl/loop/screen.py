@@ -139,7 +139,7 @@ class TrustScreen:
                 self._seen[print_] = (group.group_id, sampler)
                 while len(self._seen) > self.cfg.replay_window:
                     self._seen.popitem(last=False)
-        if self.verifier is not None and self.verifier.selected(group.group_id):
+        if self.verifier is not None and self.verifier.selected(group):
             result = self.verifier.check(group)
             if result.reason != "unverifiable":
                 self.reputation.verified(sampler, result.ok, result.pit_sum, result.tokens)

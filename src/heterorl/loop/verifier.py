@@ -22,9 +22,10 @@ weights with later patches reverted, hash-checked), runs prompt + completions th
    trained) pushes u toward 0, a flatter one toward 1. `|z| > z_tolerance` fails the group (`atypical_tokens`);
    per-sampler sums of u over many groups (`Reputation`) detect smaller shifts.
 
-Which groups: `selected(group_id)` is a keyed hash (HMAC-SHA256 under a secret key) below `fraction`, so a sampler
-cannot tell in advance which of its groups will be checked, and the choice is the same under every clock. V comes
-from the same key, so a verdict is reproducible.
+Which groups: `selected(group)` is a keyed hash (HMAC-SHA256 under a secret key) of the group's tokens (prompt and
+completions) below `fraction`, so a sampler cannot tell which of its groups will be checked, and the choice is the
+same under every clock (group ids carry a process's boot id, tokens do not). V comes from the same key, so a
+verdict is reproducible.
 """
 
 from __future__ import annotations
@@ -74,9 +75,19 @@ class Check:
         return not self.reason
 
 
-def uniform_key(key: bytes, group_id: str, purpose: bytes) -> int:
-    """A 64-bit integer from the verifier's key and a group id (HMAC-SHA256): unpredictable without the key."""
-    mac = hmac.new(key, purpose + b"\x00" + group_id.encode(), hashlib.sha256).digest()
+def content(group: RolloutGroup) -> bytes:
+    """The group's tokens: prompt ids, then each completion's ids (length-prefixed)."""
+    parts = [group.prompt_ids_P.numpy().tobytes()]
+    mask_GL = group.completion_mask_GL.bool()
+    for g in range(group.size):
+        row = group.completion_ids_GL[g][mask_GL[g]].numpy().tobytes()
+        parts.append(len(row).to_bytes(8, "little") + row)
+    return b"".join(parts)
+
+
+def uniform_key(key: bytes, message: bytes, purpose: bytes) -> int:
+    """A 64-bit integer from the verifier's key and a message (HMAC-SHA256): unpredictable without the key."""
+    mac = hmac.new(key, purpose + b"\x00" + message, hashlib.sha256).digest()
     return struct.unpack("<Q", mac[:8])[0]
 
 
@@ -120,9 +131,9 @@ class RolloutVerifier:
         self.max_logits = max_logits  # logits elements of one forward chunk (memory bound)
         self.checked = self.failed = self.unverifiable = 0
 
-    def selected(self, group_id: str) -> bool:
+    def selected(self, group: RolloutGroup) -> bool:
         """Whether this group is checked: keyed, so a sampler cannot predict it."""
-        return uniform_key(self.key, group_id, b"select") < self.fraction * 2.0**64
+        return uniform_key(self.key, content(group), b"select") < self.fraction * 2.0**64
 
     # ---------------------------------------------------------------- weights
     def _load(self, version: int) -> None:
@@ -151,7 +162,7 @@ class RolloutVerifier:
         G, L = mask_GL.shape
         logp_GL = torch.zeros((G, L), dtype=torch.float32)
         u_GL = torch.zeros_like(logp_GL)
-        gen = torch.Generator().manual_seed(uniform_key(self.key, group.group_id, b"pit") & (2**63 - 1))
+        gen = torch.Generator().manual_seed(uniform_key(self.key, content(group), b"pit") & (2**63 - 1))
         noise_GL = torch.rand((G, L), generator=gen)
         device, P = self.policy.device, group.prompt_ids_P.shape[0]
         vocab = int(self.policy.model.config.vocab_size)
