@@ -27,7 +27,8 @@ def _clock_free(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not CLOCK_DEPENDENT.match(k)} for r in records]
 
 
-def test_a_live_run_writes_the_metrics_of_the_simulated_run(tmp_path: Path) -> None:
+def test_a_live_run_writes_the_metrics_of_the_simulated_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETERORL_VERIFY_KEY", "one key for both clocks")  # a live learner's is random by default
     cfg = smoke_config("learner.steps=6", "eval.every=3", "weights.codec=pulse", "weights.snapshot_every=4")
     execute(cfg, tmp_path / "sim", show_progress=False)
     run_live(cfg, tmp_path / "live", show_progress=False)

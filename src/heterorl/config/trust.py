@@ -32,6 +32,12 @@ class VerifyConfig(Strict):
         None, gt=0.0, le=1000.0, description="Largest |z| of the sampling-calibration test of a group's tokens."
     )
     cache_versions: int = Field(2, ge=1, le=1024, description="Rebuilt versions the verifier keeps in memory.")
+    key_env: str = Field(
+        "HETERORL_VERIFY_KEY",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable holding the secret that picks the verified groups; unset: random in a live "
+        "learner (samplers must not predict the choice), derived from the seed in the simulator (reproducible).",
+    )
 
 
 class ReputationConfig(Strict):

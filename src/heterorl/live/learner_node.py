@@ -44,6 +44,7 @@ from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
 from heterorl.live.transports import check_transport_config, open_learner_store
 from heterorl.loop.learner_loop import LearnerLoop, TrainingDivergedError, published_stats
+from heterorl.loop.screen import verify_key
 from heterorl.parallel.distributed import attach
 from heterorl.run.build import (
     build_learner,
@@ -292,7 +293,10 @@ def open_learner(
     recorder = RunRecorder(cfg, run_dir, learner, build_task(cfg), bar)
     clock_start = time.monotonic()
     journal = Journal(run_dir / "live" / "journal", fsync=cfg.live.fsync)
-    loop = LearnerLoop(cfg, learner, recorder, clock=lambda: time.monotonic() - clock_start, journal=journal)
+    key = verify_key(cfg, secret=True)  # which groups are re-scored: samplers must not be able to tell
+    loop = LearnerLoop(
+        cfg, learner, recorder, clock=lambda: time.monotonic() - clock_start, journal=journal, verify_key=key
+    )
     events = events or EventLog()
     live = LiveLearner(cfg, run_dir, loop, events)
     loop.served_ceiling = live.marked

@@ -25,7 +25,6 @@ samplers' records (`loop/reputation.py`), which quarantine a sampler that keeps 
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -46,6 +45,7 @@ from heterorl.loop.intake import ACKED, RETRIED, Intake, IntakeCounters, Verdict
 from heterorl.loop.peers import Peers
 from heterorl.loop.publisher import BackgroundPublisher, WeightTraffic
 from heterorl.loop.screen import TrustScreen
+from heterorl.loop.screen import verify_key as default_verify_key
 from heterorl.loop.staleness import Admission, RolloutBuffer, staleness_window
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits
@@ -88,8 +88,8 @@ class LearnerLoop:
         journal: Journal | None = None,
         verify_key: bytes | None = None,
     ) -> None:
-        """`verify_key` picks the groups the verifier re-scores: a live learner passes a secret one; by default it
-        derives from the run's seed, so a simulated run is the same whichever clock drives it."""
+        """`verify_key` picks the groups the verifier re-scores (`loop.screen.verify_key`): a live learner passes a
+        secret one; by default the simulator's, derived from the run's seed."""
         self.cfg, self.learner, self.recorder, self.clock = cfg, learner, recorder, clock
         self.B = cfg.learner.groups_per_step
         self.publisher = BackgroundPublisher(cfg.weights)
@@ -122,7 +122,7 @@ class LearnerLoop:
             filter_uniform=cfg.learner.dynamic_sampling,
         )
         self.admission = Admission(eta, self.B, queued)
-        key = verify_key or hashlib.blake2b(f"heterorl-verify-{cfg.seed}".encode(), digest_size=32).digest()
+        key = verify_key or default_verify_key(cfg, secret=False)
         names = [node_name(cfg, i) for i in range(len(cfg.cluster.samplers))]
         decode = learner.policy.text.decode_completions
         self.trust = TrustScreen.from_config(cfg, names, recorder.task, decode, self.weights_at, key)

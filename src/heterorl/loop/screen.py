@@ -24,6 +24,8 @@ has the figures); `trust.verify.*` override them.
 from __future__ import annotations
 
 import hashlib
+import os
+import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -44,6 +46,18 @@ TOLERANCES: dict[tuple[str, str], Tolerances] = {
     ("vllm", "float32"): Tolerances(mean=0.02, token=0.1, share_over=0.05, z=5.5),
     ("vllm", "bfloat16"): Tolerances(mean=0.02, token=0.1, share_over=0.05, z=5.5),
 }
+
+
+def verify_key(cfg: RunConfig, secret: bool) -> bytes:
+    """The key that picks the verified groups: the value of `trust.verify.key_env` when set; else 32 random bytes
+    for a live learner (`secret`: samplers know the config, so a seed-derived key would let them predict which
+    groups are checked), or, in the simulator, a key derived from the run's seed (the same run, the same choice)."""
+    given = os.environ.get(cfg.trust.verify.key_env)
+    if given:
+        return given.encode()
+    if secret:
+        return secrets.token_bytes(32)
+    return hashlib.blake2b(f"heterorl-verify-{cfg.seed}".encode(), digest_size=32).digest()
 
 
 def tolerances_for(cfg: RunConfig) -> Tolerances:
