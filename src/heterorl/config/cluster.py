@@ -13,9 +13,16 @@ from heterorl.config.network import LinkConfig
 class SamplerNodeConfig(Strict):
     """One sampler machine of the cluster."""
 
-    name: str | None = Field(None, description="Identifier; defaults to sampler-<index>.")
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]{1,128}$",
+        description="Identifier (A-Z a-z 0-9 . _ -); defaults to sampler-<index>.",
+    )
     tokens_per_second: float = Field(2000.0, gt=0.0, description="Generation speed (virtual time).")
     link: LinkConfig = Field(default_factory=LinkConfig, description="Its link to the learner.")
+    start_delay_s: float = Field(
+        0.0, ge=0.0, le=86_400.0, description="Seconds after the learner starts that this sampler starts (simulator)."
+    )
 
 
 class ClusterConfig(Strict):
@@ -43,6 +50,38 @@ class ClusterConfig(Strict):
         description="Simulator: samplers on fault-free links take the learner's published wire-dtype tensors by "
         "reference (the same bits; sizes and hashes still come from the real encode, settled in the background) "
         "instead of decoding the update's bytes; links with faults always carry bytes. False: every update is decoded.",
+    )
+    lease_seconds: float = Field(
+        300.0,
+        gt=0.0,
+        le=86_400.0,
+        description="A sampler session not heard from for this long loses the admission slots it holds (their budget "
+        "comes back): a sampler that died, or groups lost on the way. Any request renews it (weight pulls included).",
+    )
+    max_slots_per_sampler: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Admission slots one sampler may hold at once (granted, group not arrived); None: its even share "
+        "of the capacity plus one chunk, so no sampler can take the whole budget.",
+    )
+    grant_retry_seconds: float = Field(
+        1.0, gt=0.0, le=600.0, description="A sampler granted fewer slots than it asked for asks again after this long."
+    )
+    uploads_in_flight: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Uploads a sampler keeps in flight at once (each answered with per-group verdicts): throughput is "
+        "then bound by generation or bandwidth, not by one round trip per upload.",
+    )
+    groups_per_upload: int = Field(8, ge=1, le=1024, description="Most groups a sampler sends in one upload.")
+    max_refusals_in_a_row: int = Field(
+        64,
+        ge=1,
+        le=1_000_000,
+        description="A sampler whose uploads or groups are refused this many times in a row for the same reason stops "
+        "with one line (a config that does not match the learner's, a revoked credential).",
     )
     consume: Literal["oldest", "freshest"] = Field(
         "oldest",
@@ -72,8 +111,9 @@ class WeightsConfig(Strict):
 class LiveConfig(Strict):
     """The live cluster: the learner's HTTP service, the sampler clients, durability and the local launcher.
 
-    Only `heterorl learner`, `heterorl sampler` and `heterorl run --live` read this section; the simulated
-    cluster ignores it. Defaults suit a learner and samplers on one host or a LAN; see docs/deployment.md.
+    `heterorl learner`, `heterorl sampler` and `heterorl run --live` read this section; the simulator reads the
+    client's timing (poll_seconds, dead_after_s, backoff, patience_s) to play the same conversation in virtual
+    time. Defaults suit a learner and samplers on one host or a LAN; see docs/deployment.md.
     """
 
     token_env: str = Field(
@@ -115,6 +155,13 @@ class LiveConfig(Strict):
     fsync: bool = Field(True, description="fsync every journaled group before acknowledging it (power-loss safety).")
     emulate_links: bool = Field(
         False, description="Samplers apply their node's link delays, bandwidth and faults for real (experiments)."
+    )
+    dead_after_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3600.0,
+        description="Sampler: a request with no answer for this long (or 3 round trips, if longer) is retried and the "
+        "link reported down; it is reported up again at the next answer. The simulator models the same client.",
     )
     request_timeout_s: float = Field(
         120.0, gt=0.0, le=3600.0, description="Sampler: timeout of one request (a long-poll adds poll_seconds)."

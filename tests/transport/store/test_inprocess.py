@@ -13,7 +13,7 @@ import pytest
 from heterorl.eventlog import EventLog
 from heterorl.live.sampler_node import LiveSampler
 from heterorl.live.transports import open_learner_store, sampler_transport
-from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.loop.worker import SamplerWorker
 from heterorl.policy import Policy, SamplingParams
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
