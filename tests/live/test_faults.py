@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestServer
 
-from heterorl.config import FaultConfig, LinkConfig
 from heterorl.eventlog import EventLog
 from heterorl.live.sampler_node import serve_sampler
 from heterorl.loop.worker import SamplerWorker
@@ -23,7 +22,6 @@ from heterorl.policy import Policy, SamplingParams
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
 from heterorl.transport.backoff import Backoff
-from heterorl.transport.emulation import EmulatedSide
 from heterorl.transport.http.service import build_app
 from transport.test_service import REWARD, TOKEN, make_live, varied_reward  # noqa: F401 (a fixture)
 

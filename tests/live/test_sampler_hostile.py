@@ -17,9 +17,11 @@ from conftest import tiny_config
 from heterorl.eventlog import EventLog
 from heterorl.framing import frame
 from heterorl.loop.session import SamplerSession
-from heterorl.node.sampler import SamplerNode
 from heterorl.loop.worker import SamplerWorker
+from heterorl.node.sampler import SamplerNode
 from heterorl.run.build import build_sampler
+from heterorl.simulated.events import EventLoop
+from heterorl.simulated.runtime import VirtualRuntime
 from heterorl.weights import Update, WeightStore
 from heterorl.weights.envelope import MAGIC, encode_update
 from heterorl.weights.format import MAGIC as BLOB_MAGIC
@@ -59,7 +61,8 @@ def sampler(tiny_model_dir: Path) -> SamplerNode:
     worker = SamplerWorker(cfg, 0, build_sampler(cfg, 0, base=str(tiny_model_dir)))
     events = EventLog(io.StringIO())
     session = SamplerSession(cfg, 0, worker.name, "b")
-    node = SamplerNode(session, worker, transport=None, runtime=None, poll_seconds=1.0, emit=events.emit)  # type: ignore[arg-type]
+    runtime = VirtualRuntime(EventLoop(), 1.0, "test")
+    node = SamplerNode(session, worker, transport=None, runtime=runtime, poll_seconds=1.0, emit=events.emit)  # type: ignore[arg-type]
     node.events = events  # type: ignore[attr-defined]
     store = WeightStore.from_config(cfg.weights)
     store.publish(0, worker.sampler.engine.policy.model.state_dict())

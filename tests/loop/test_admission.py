@@ -43,17 +43,18 @@ def test_arrivals_settle_slots_and_refusals_release_them() -> None:
     assert adm.started == 6
 
 
-def test_a_silent_session_loses_its_slots_after_its_lease_and_is_charged_if_it_comes_back() -> None:
+def test_a_session_that_delivers_nothing_loses_its_slots_after_its_lease_and_is_charged_if_it_comes_back() -> None:
     adm = Admission(eta=None, groups_per_step=4, max_queued_steps=2, per_sampler=None, lease_s=10.0)
     adm.grant(A, 8, 0, 0.0, 0)
     assert adm.grant(B2, 4, 0, 0.0, 0).granted == 0  # a holds the whole budget
-    adm.renew(A, 5.0)
+    adm.arrived(A, kept=True, now=5.0)  # delivering renews its lease
+    adm.grant(A, 9, 0, 12.0, 0)  # asking for more and getting none does not
     assert adm.expire(14.0) == 0  # renewed at 5: its lease runs to 15
-    assert adm.expire(15.5) == 8
-    assert (adm.leases[A].voided, adm.pending(0)) == (8, 0)
+    assert adm.expire(15.5) == 7
+    assert (adm.leases[A].voided, adm.pending(0)) == (7, 1)
     assert adm.grant(B2, 4, 0, 15.5, 0).granted == 4  # the budget came back
     adm.arrived(A, kept=True, now=16.0)  # a group generated on a voided slot still arrives: charged
-    assert (adm.started, adm.pending(0)) == (13, 5)
+    assert (adm.started, adm.pending(0)) == (13, 6)
 
 
 def test_one_sampler_cannot_hold_more_than_its_bound_whatever_its_sessions() -> None:
@@ -63,6 +64,6 @@ def test_one_sampler_cannot_hold_more_than_its_bound_whatever_its_sessions() -> 
     assert adm.outstanding("a") == 5
     assert adm.grant(B2, 16, 0, 0.0, 0).granted == 5
     for i in range(MAX_SESSIONS + 3):  # a client making up sessions: the oldest ones go, their slots voided
-        adm.heard(("a", f"x{i}"), float(i))
+        adm.lease(("a", f"x{i}"), float(i))
     assert sum(1 for name, _ in adm.leases if name == "a") == MAX_SESSIONS
     assert adm.outstanding("a") == 0

@@ -79,15 +79,19 @@ class WallRuntime:
     def _generation_thread(self) -> None:
         running: list[_Job] = []
         while True:
-            try:
-                job = self._jobs.get() if not running else self._jobs.get_nowait()
-            except queue.Empty:
-                job = ...
-            if job is None:
-                return
-            if job is not ...:
+            if not running:  # nothing to step: wait for a job
+                job = self._jobs.get()
+                if job is None:
+                    return
                 running.append(job)
-                continue  # take every job already queued before the next round
+            while True:  # and take every job queued meanwhile before the next round
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is None:
+                    return
+                running.append(job)
             try:
                 running = self._round(running)
             except BaseException as err:  # an engine error: the node cannot go on

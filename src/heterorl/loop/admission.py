@@ -16,9 +16,11 @@ the whole budget.
 
 A group that reaches the learner settles one outstanding slot of its session; a refused or filtered one releases
 it at once (the sampler generates another). A session gives back slots it will not use (`returned`), and a
-session silent for `lease_s` loses the slots it still holds (`voided`): the budget of a sampler that died, or of
-groups lost on the way, comes back after at most one lease. A group that arrives without an outstanding slot
-(its lease was voided, or nothing was asked) is charged when it arrives, so the budget stays exact.
+session that for `lease_s` neither delivered a group nor was granted a slot loses the slots it still holds
+(`voided`): the budget of a sampler that died, of groups lost on the way, or of a client that asks for slots and
+never uses them (talking does not renew a lease; delivering does) comes back after at most one lease. A group that
+arrives without an outstanding slot (its lease was voided, or nothing was asked) is charged when it arrives, so the
+budget stays exact.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ MAX_SESSIONS = 8  # leases kept per sampler name
 class Lease:
     """What the learner knows of one sampler session's slots (all running totals)."""
 
-    heard: float  # the driver's clock when the session was last heard from
+    heard: float  # the driver's clock when the session last delivered a group or was granted a slot
     granted: int = 0
     covered: int = 0  # groups that arrived on one of its slots
     returned: int = 0  # slots it gave back that were still outstanding
@@ -83,29 +85,21 @@ class Admission:
         return sum(max(lease.outstanding, 0) for (name, _), lease in self.leases.items() if name == sampler)
 
     # ------------------------------------------------------------------ a session's requests
-    def heard(self, key: SessionKey, now: float) -> Lease:
-        """The session spoke (an upload): its lease, opened if new. A sampler keeps at most `MAX_SESSIONS` leases
-        (a restarted process is a new session): the longest silent one goes, its slots voided first."""
+    def lease(self, key: SessionKey, now: float) -> Lease:
+        """The session's lease, opened (from `now`) if new. A sampler keeps at most `MAX_SESSIONS` leases (a
+        restarted process is a new session): the one idle longest goes, its slots voided first."""
         lease = self.leases.get(key)
         if lease is None:
             own = sorted((lease.heard, k) for k, lease in self.leases.items() if k[0] == key[0])
             for _, old in own[: max(len(own) - MAX_SESSIONS + 1, 0)]:
                 self._void(self.leases.pop(old))
             lease = self.leases[key] = Lease(heard=now)
-        lease.heard = max(lease.heard, now)
         return lease
-
-    def renew(self, key: SessionKey, now: float) -> None:
-        """A session that holds a lease spoke (a weight pull): its lease runs from now. Unknown sessions are not
-        created (only uploads open a lease)."""
-        lease = self.leases.get(key)
-        if lease is not None:
-            lease.heard = max(lease.heard, now)
 
     def grant(self, key: SessionKey, wanted: int, version: int, now: float, dropped: int) -> Lease:
         """Grant the session what it asks beyond what it was granted (`wanted` is its running total), as far as
         the bounds allow; returns its lease (its `granted` total is the answer)."""
-        lease = self.heard(key, now)
+        lease = self.lease(key, now)
         asked = wanted - lease.granted
         if asked <= 0:
             return lease
@@ -119,12 +113,14 @@ class Admission:
         k = max(k, 0)
         lease.granted += k
         self.started += k
+        if k:
+            lease.heard = max(lease.heard, now)
         return lease
 
     def give_back(self, key: SessionKey, returned: int, now: float) -> None:
         """The session's running total of slots given back; what it adds to the last total is released (up to
         what it still holds: slots voided meanwhile were released then)."""
-        lease = self.heard(key, now)
+        lease = self.lease(key, now)
         new = returned - lease.returned_told
         if new <= 0:
             return
@@ -137,7 +133,8 @@ class Admission:
     def arrived(self, key: SessionKey, kept: bool, now: float) -> None:
         """A group of the session reached the learner for the first time: `kept` (accepted: it counts until
         trained or dropped) or not (refused, filtered: its slot is released)."""
-        lease = self.heard(key, now)
+        lease = self.lease(key, now)
+        lease.heard = max(lease.heard, now)
         if lease.outstanding > 0:
             lease.covered += 1
         else:  # no slot to settle (voided, or never asked for): charge it now

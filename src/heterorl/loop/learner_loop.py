@@ -58,8 +58,8 @@ FOLLOW_UPS = ("duplicate", "busy", "finished")  # answers to a group that is not
 
 def per_sampler_slots(cfg: RunConfig) -> int | None:
     """The fairness bound of admission: `cluster.max_slots_per_sampler`, or by default a sampler's even share of
-    the capacity plus one chunk (so one fast sampler can run ahead a little), never the whole capacity when there
-    are several samplers."""
+    the capacity plus one chunk (so one fast sampler can run ahead a little), and with several samplers never so
+    much that the others could not fill a batch while one holds all it may (capacity - B, when there is room)."""
     cc, B = cfg.cluster, cfg.learner.groups_per_step
     if cc.max_slots_per_sampler is not None:
         return cc.max_slots_per_sampler
@@ -67,8 +67,10 @@ def per_sampler_slots(cfg: RunConfig) -> int | None:
     if not caps:
         return None
     capacity, n = min(caps), len(cc.samplers)
-    chunk = math.ceil(B / n)
-    return capacity if n == 1 else min(capacity - 1, math.ceil(capacity / n) + chunk)
+    if n == 1:
+        return capacity
+    share = math.ceil(capacity / n) + math.ceil(B / n)
+    return max(1, min(share, capacity - B if capacity > B else capacity - 1))
 
 
 class TrainingDivergedError(RuntimeError):
@@ -218,14 +220,16 @@ class LearnerLoop:
             self.admission.give_back(key, upload.returned, now)
             self.admission.expire(now)
             if not self.admission.enabled:  # nothing to bound: everything asked for is granted
-                lease = self.admission.heard(key, now)
+                lease = self.admission.lease(key, now)
                 lease.granted = max(lease.granted, upload.wanted)
             elif upload.version >= 0:
                 lease = self.admission.grant(key, upload.wanted, upload.version, now, self.intake.buffer.dropped)
             else:  # no weights yet: nothing to generate with, nothing granted
-                lease = self.admission.heard(key, now)
+                lease = self.admission.lease(key, now)
             short = lease.granted < upload.wanted
-        return self._reply(upload, verdicts=tuple(verdicts), granted=lease.granted, voided=lease.voided, short=short)
+        later = any(v.outcome in ("busy", "disk_full") for v in verdicts)  # sent again: after a wait
+        fields = {"verdicts": tuple(verdicts), "granted": lease.granted, "voided": lease.voided}
+        return self._reply(upload, short=short or later, **fields)
 
     def heard(
         self,
@@ -235,10 +239,9 @@ class LearnerLoop:
         idle: float | None = None,
         failed: int | None = None,
     ) -> None:
-        """A request of a sampler other than an upload (a weight pull): its reports, and its lease renewed."""
-        if self.peers.heard(sampler, version, idle, failed) and session is not None:
-            with self.intake.cond:
-                self.admission.renew((sampler, session), self.now())
+        """A request of a sampler other than an upload (a weight pull): its reports. (It does not renew a lease:
+        only delivering groups does, `loop.admission`.)"""
+        self.peers.heard(sampler, version, idle, failed)
 
     def _reply(self, upload: Upload, short: bool = False, **fields: Any) -> Reply:
         retry = self.cfg.cluster.grant_retry_seconds if short or fields.get("refused") else 0.0

@@ -25,8 +25,9 @@ Rules (the only place they are written):
 - Sync mode: its even share of each version's batch once the version arrived, generating again every group the
   learner did not keep (refused, filtered, undeliverable), so the learner always gets a full batch.
 - Sending: up to `window` uploads in flight, each with up to `max_groups` groups of the outbox, oldest first; an
-  upload goes as soon as the window has room (groups that queue meanwhile travel together). A `busy` group goes
-  back to the front of the outbox and is sent again after `retry_after`. Running totals make retries idempotent.
+  upload goes as soon as the window has room (groups that queue meanwhile travel together). A group the learner
+  could not take now (`busy`, `disk_full`) goes back to the front of the outbox and is sent again after
+  `retry_after`. Running totals make retries idempotent.
 - Stopping: the learner says the run is finished; or the learner refuses `max_refusals` uploads or groups in a
   row for the same reason (a config that does not match, a revoked credential): `stopped` then says why.
 """
@@ -44,7 +45,7 @@ from heterorl.loop.staleness import staleness_window
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
 
-BUSY = "busy"
+RETRY_LATER = ("busy", "disk_full")  # the learner could not take the group now: it goes again, same bytes
 FINISHED = "finished"
 FILTERED = "filtered"
 UNDELIVERABLE = "undeliverable"  # the transport gave up on an upload (the link stayed down past its patience)
@@ -208,7 +209,7 @@ class SamplerSession:
             return
         busy: list[Outgoing] = []
         for item, verdict in zip(self._outgoing_of(upload), reply.verdicts, strict=True):
-            if verdict.outcome == BUSY:
+            if verdict.outcome in RETRY_LATER:
                 busy.append(item)
                 continue
             if verdict.outcome in ACKED:

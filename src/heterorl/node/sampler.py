@@ -41,6 +41,7 @@ class SamplerNode:
         self.busy_seconds = 0.0
         self.sent_at: dict[int, float] = {}
         self._closed = False
+        self.running = 0  # generations running on the engine
         self._rtt: float | None = None  # smoothed round trip of an upload
         self._spg: float | None = None  # smoothed generation seconds per group
 
@@ -128,17 +129,22 @@ class SamplerNode:
 
     # ------------------------------------------------------------------ generation
     def _generate(self, n: int) -> None:
-        load = self.session.generating <= 1 or self.worker.interruptible
+        # new weights load before a generation starts, unless others still run on an engine that cannot take them
+        load = self.running == 0 or self.worker.interruptible
+        self.running += 1
         began = self.runtime.now()
 
         def done(groups: list[RolloutGroup], busy_seconds: float) -> None:
+            self.running -= 1
             self.busy_seconds += busy_seconds
             for g in groups:  # unique across restarts of the sampler: its session id
                 g.group_id = f"{g.group_id}@{self.session.session_id}"
                 g.created_at, g.finished_at = began, self.runtime.now()
             seconds = self.runtime.now() - began
             running = self.session.generating  # this chunk included
-            self.emit("generated", n=len(groups), version=self.worker.version, seconds=round(seconds, 3), running=running)
+            self.emit(
+                "generated", n=len(groups), version=self.worker.version, seconds=round(seconds, 3), running=running
+            )
             if groups:
                 self._rtt_hint(seconds_per_group=busy_seconds / len(groups))
             self.session.generated(groups, n)

@@ -23,7 +23,7 @@ from heterorl.loop.protocol import GroupVerdict, Reply, Upload
 UPLOAD_MAGIC = b"HRU1"
 REPLY_MAGIC = b"HRR1"
 MAX_GROUPS = 4096  # groups in one upload (the config's groups_per_upload is far below)
-MAX_HEADER_BYTES = 1 << 20
+MAX_HEADER_BYTES = 1 << 17  # an upload's header lists ~50 bytes per group: room for thousands
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 SESSION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DIGEST = re.compile(r"^[0-9a-f]{32}$")

@@ -9,7 +9,9 @@ import asyncio
 import io
 import os
 import random
+import shutil
 import socket
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,7 +42,9 @@ def intake_of(live, objects) -> StoreIntake:
 
 
 def put_upload(objects, bodies: list[bytes], seq: int, session: str = "b00t") -> str:
-    body = encode_upload(Upload("sampler-0", session, seq, 0, groups=tuple(bodies), digests=tuple(map(body_digest, bodies))))
+    body = encode_upload(
+        Upload("sampler-0", session, seq, 0, groups=tuple(bodies), digests=tuple(map(body_digest, bodies)))
+    )
     key = upload_key("sampler-0", session, seq, body)
     objects.put(key, body)
     return key
@@ -117,7 +121,7 @@ def test_a_full_queue_answers_busy_for_the_groups_it_cannot_take(
 def test_hostile_entries_where_uploads_belong_are_skipped_counted_and_never_stall_the_intake(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    store = tmp_path / "store"
+    store = Path(tempfile.mkdtemp(prefix="st", dir="/tmp"))  # short: a UNIX socket's path is at most 107 bytes
     live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *ROLLOUTS, f"transport.store.url=file://{store}")
     objects = opened(live)
     bodies = [encode_group(g) for g in sample_groups(live, tiny_model_dir, 2)]
@@ -136,6 +140,7 @@ def test_hostile_entries_where_uploads_belong_are_skipped_counted_and_never_stal
     skipped = live.loop.intake.counters.rejected
     assert skipped["not_regular"] >= 3
     listener.close()
+    shutil.rmtree(store)
 
 
 @pytest.mark.usefixtures("varied_reward")

@@ -36,7 +36,7 @@ from aiohttp import web
 from heterorl.config import RunConfig
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.loop.protocol import Reply
-from heterorl.rollout_codec import max_message_bytes
+from heterorl.rollout_codec import GroupLimits, max_message_bytes
 from heterorl.transport.http.auth import bearer_matches
 from heterorl.transport.http.guard import Guard, GuardedRunner
 from heterorl.transport.http.status import REJECTION_STATUS, status_of, upload_status
@@ -141,13 +141,17 @@ def _authorized(request: web.Request, token: str) -> bool:
     return bearer_matches(request.headers.get("Authorization"), token)
 
 
+def max_upload_bytes(cfg: RunConfig, limits: GroupLimits) -> int:
+    """The largest upload body a learner reads: its header plus `groups_per_upload` of the largest group it could
+    accept, never more than `live.max_body_bytes` (often far below it)."""
+    largest = max_message_bytes(limits) or cfg.live.max_body_bytes
+    return min(cfg.live.max_body_bytes, MAX_HEADER_BYTES + cfg.cluster.groups_per_upload * largest)
+
+
 def build_app(live: LearnerEndpoint, token: str) -> web.Application:
     """The aiohttp application of one learner (routes above); `token` guards everything but status."""
     cfg = live.cfg
-    # no body may exceed the largest upload this learner could accept (often far below live.max_body_bytes)
-    largest = max_message_bytes(live.loop.intake.limits(0))
-    per_upload = MAX_HEADER_BYTES + cfg.cluster.groups_per_upload * (largest or cfg.live.max_body_bytes)
-    max_body = min(cfg.live.max_body_bytes, per_upload)
+    max_body = max_upload_bytes(cfg, live.loop.intake.limits(0))
     uploads = 0  # upload bodies being read now (bounded: each one is buffered whole)
     app = web.Application(client_max_size=max_body)
     app[LIVE_KEY] = live

@@ -31,6 +31,7 @@ REJECTION_STATUS = {
     "disk_full": 507,
     "id_conflict": 409,
     "internal_error": 500,
+    "not_regular": 400,
 }
 assert set(REJECTION_STATUS) == set(REASONS), "every refusal reason has its HTTP status"
 
@@ -41,9 +42,12 @@ def status_of(outcome: str) -> int:
 
 
 def upload_status(outcomes: list[str]) -> int:
-    """One status for an upload the learner processed: the status of its first refused group (a 4xx, so a bad
-    group is answered as it would be alone), else 410 when the run is finished, else 200 (a group the full queue
-    could not take is `busy` in its verdict: the sampler sends it again, nothing else need be retried)."""
+    """One status for an upload the learner processed: 507 when a group could not be stored (the client sends
+    the same upload again later: what was kept answers `duplicate`), else the status of its first refused group (a
+    4xx, so a bad group is answered as it would be alone), else 410 when the run is finished, else 200 (a group
+    the full queue could not take is `busy` in its verdict: the session sends it again)."""
+    if "disk_full" in outcomes:
+        return status_of("disk_full")
     for outcome in outcomes:
         status = status_of(outcome)
         if 400 <= status < 500 and outcome != "finished":

@@ -7,8 +7,11 @@ so a learner killed in between finds the upload again after `--resume`, and the 
 `duplicate` (the journal replay knows their ids). Keys name the digest of the upload's bytes as the sampler wrote
 them: a torn or corrupted upload is answered `corrupt` without reading its groups; one over `live.max_body_bytes`
 `too_large` (without downloading it); a key that is not an upload's, or whose sampler or session differs from what
-the upload says, `malformed` (deleted). Sessions are served round robin, each in order of its uploads, so one fast
-sampler cannot starve the others while the learner's queue is nearly full.
+the upload says, `malformed` (deleted). Where an upload belongs, a file system entry that is not a regular file (a
+FIFO, socket, device, symlink or folder: `objects.Listing.skipped`) is never opened; it is counted once as
+`not_regular` and logged, and the pass goes on. A read that hangs is abandoned for that object only
+(`ObjectTimeout`). Sessions are served round robin, each in order of its uploads, so one fast sampler cannot starve
+the others while the learner's queue is nearly full.
 
 Also here: `read_heartbeats`, the learner's view of samplers that pull weights from the store (their
 `samplers/<name>.json`), fed to the loop exactly as HTTP pulls are (reports, and their leases renewed).
@@ -28,11 +31,12 @@ import xxhash
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.loop.protocol import Reply
 from heterorl.transport.store.manifest import REPLIES, SAMPLERS, UPLOADS
-from heterorl.transport.store.objects import ObjectInfo, ObjectMissing, ObjectStore
+from heterorl.transport.store.objects import ObjectInfo, ObjectMissing, ObjectNotRegular, ObjectStore, ObjectTimeout
 from heterorl.transport.wire import WireError, decode_upload, encode_reply
 
 UPLOAD_KEY = re.compile(r"^up/([A-Za-z0-9._-]{1,128})/([A-Za-z0-9_-]{1,64})/([0-9]{10})-([0-9a-f]{32})\.up$")
 MAX_HEARTBEAT_BYTES = 4096
+MAX_REMEMBERED = 100_000  # hostile entries counted once each (bounded memory)
 
 
 def upload_key(sampler: str, session: str, seq: int, body: bytes) -> str:
@@ -50,16 +54,27 @@ class StoreIntake:
         self.objects, self.loop, self.max_body, self.max_groups = objects, loop, max_body_bytes, max_groups
         self.counts: Counter[str] = Counter()  # what happened to upload objects (the loop counts the groups)
         self.downloaded = 0
+        self.refused_entries: set[str] = set()  # keys of entries that are not regular files, counted already
 
     def poll(self) -> int:
         """Answer every upload in the store (sessions round robin); returns the number answered. StoreUnavailable
         propagates (the caller backs off)."""
-        listing = [o for o in self.objects.list(UPLOADS) if o.key.endswith(".up")]
+        listing = self.objects.list(UPLOADS)
+        for entry in getattr(listing, "skipped", ()):
+            self._not_regular(entry.key, entry.kind)
         handled = 0
-        for info in _round_robin(listing):
+        for info in _round_robin([o for o in listing if o.key.endswith(".up")]):
             if self._one(info):
                 handled += 1
         return handled
+
+    def _not_regular(self, key: str, kind: str) -> None:
+        """Count (once) an entry that is not a regular file where an upload belongs; it is never opened."""
+        if key in self.refused_entries or len(self.refused_entries) >= MAX_REMEMBERED:
+            return
+        self.refused_entries.add(key)
+        self.loop.intake.reject("not_regular", f"a {kind} at {key[:120]}")
+        self.counts["not_regular"] += 1
 
     def _one(self, info: ObjectInfo) -> bool:
         match = UPLOAD_KEY.match(info.key)
@@ -72,8 +87,14 @@ class StoreIntake:
             return self._answer(info.key, sampler, session, seq, reply)
         try:
             body = self.objects.get(info.key, self.max_body)
+        except ObjectNotRegular as err:  # swapped for a FIFO or a symlink after the listing
+            self._not_regular(info.key, err.kind)
+            return False
         except ObjectMissing:
             return False  # gone meanwhile (another learner life answered it)
+        except ObjectTimeout:  # a hung read: that object is tried again at the next pass, the others go on
+            self.counts["timeout"] += 1
+            return False
         self.downloaded += len(body)
         if len(body) > self.max_body:
             return self._answer(info.key, sampler, session, seq, self._refuse("too_large", "over the limit", seq))
