@@ -1,0 +1,188 @@
+"""A TCP-like transfer model: what a message costs on one direction of a TCP connection, round by round.
+
+Linux's defaults (CUBIC's window cut, RFC 6298 timers with a 200 ms floor), simplified to rounds of one window:
+
+- Handshake: a side that opens the connection waits one round trip (SYN, SYN-ACK) before its data leaves; a lost
+  SYN is sent again after `syn_rto_s`, doubling (RFC 6298).
+- Window: a new connection starts at `initial_window` segments of `mss` payload bytes (RFC 6928: 10). Each round
+  sends min(cwnd, what is left); slow start doubles cwnd per round up to ssthresh, congestion avoidance adds one
+  segment per round. Once a round's window exceeds the bandwidth-delay product the bottleneck queue grows and
+  the round lasts window * segment time instead of one RTT (the rate bounds the throughput); slow start stops
+  there (CUBIC's HyStart leaves slow start when delay rises). Segments beyond BDP + `queue_packets` are dropped.
+- Round time: max(RTT + one segment's serialisation, window's serialisation); the last round ends when its
+  last byte arrives: start of the round + window's serialisation + one-way delay.
+- Random loss (each segment lost with the path's `loss`): the round's losses are detected by later segments'
+  acknowledgements (RACK / fast retransmit, about 1.25 RTT) or, when the last segment sent is lost, by the tail
+  loss probe after PTO = max(2 SRTT, 10 ms) (RFC 8985); cwnd and ssthresh become beta * cwnd, and the lost
+  segments go again in the next round.
+- A cut (an outage overlapping a round) loses the round: the retransmission timer fires RTO after the round
+  began and backs off (RTO doubles, up to `rto_max_s`) until a retransmission crosses while the link is up;
+  then ssthresh = beta * cwnd and slow start restarts from one segment (RFC 5681 loss window).
+- RTO = SRTT + max(4 RTTVAR, `rto_min_s`) (RFC 6298 with Linux's floor), updated once per round from the round's
+  RTT (alpha 1/8, beta 1/4); before any sample the SYN timeout applies.
+- Slow start after idle (RFC 7661 / Linux tcp_cwnd_restart): when data is sent after more than an RTO of
+  silence, ssthresh = max(ssthresh, 3/4 cwnd) and cwnd halves for every RTO of idleness, down to
+  min(initial_window, cwnd).
+
+What it leaves out: the receive window (Linux's autotuning keeps ahead of slow start), delayed-ACK timing,
+CUBIC's window curve in congestion avoidance (Reno's +1 per round), ACK loss, partial rounds lost to a cut.
+The WAN lab measures real kernel TCP against it (tests/lab/test_tcp_model.py, docs/wan-lab.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+from heterorl.config import TcpTransfer
+from heterorl.network.conditions import PathConditions
+from heterorl.network.transfer import PathTransfer, Transfer, register_transfer
+
+HEADER_BYTES = 52  # IPv4 20 + TCP 20 + timestamps option 12: bytes on the wire per segment beside its payload
+PTO_FLOOR_S = 0.01  # RFC 8985's floor of the probe timeout
+RACK_WINDOW = 0.25  # RACK waits a quarter of the min RTT for reordering before it marks a segment lost
+
+
+@register_transfer("tcp")
+class TcpPath(PathTransfer):
+    """One direction of a TCP connection: its window, RTT estimate and timers carry over between messages."""
+
+    def __init__(self, cfg: TcpTransfer, cond: PathConditions, queue_packets: int) -> None:
+        super().__init__(cond)
+        self.cfg = cfg
+        self.queue_packets = queue_packets
+        self.established = False
+        self.retransmissions = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        """A new connection's sender state."""
+        self.cwnd = float(self.cfg.initial_window)
+        self.ssthresh = math.inf
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.last_sent = -math.inf
+
+    @property
+    def rto(self) -> float:
+        """SRTT + max(4 RTTVAR, rto_min), capped; the SYN timeout before any RTT sample."""
+        if self.srtt is None:
+            return self.cfg.syn_rto_s
+        return min(self.srtt + max(4.0 * self.rttvar, self.cfg.rto_min_s), self.cfg.rto_max_s)
+
+    def _sample_rtt(self, rtt: float) -> None:
+        if self.srtt is None:
+            self.srtt, self.rttvar = rtt, rtt / 2.0
+        else:
+            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
+            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+
+    def _lost(self, t: float) -> bool:
+        p = self.cond.loss(t)
+        return p > 0.0 and bool(self.cond.packet_rng.random() < p)
+
+    def _handshake(self, t: float) -> tuple[float, int]:
+        """SYN at t until a SYN and its SYN-ACK both cross: (when data may leave, SYNs sent again)."""
+        timeout, tries = self.cfg.syn_rto_s, 0
+        while True:
+            rtt = self.cond.delay(t) + self.cond.ack_delay(t)
+            cut = self.cond.outages.first_cut(t, t + rtt) if self.cond.outages else None
+            if cut is None and not self._lost(t) and not self._lost(t):
+                self._sample_rtt(rtt)
+                return t + rtt, tries
+            tries += 1
+            t += timeout
+            timeout = min(2.0 * timeout, self.cfg.rto_max_s)
+
+    def _restart_after_idle(self, t: float) -> None:
+        """Linux's tcp_cwnd_restart: halve cwnd per RTO of idleness, not below min(initial window, cwnd)."""
+        rto, idle = self.rto, t - self.last_sent
+        if not self.cfg.slow_start_after_idle or idle <= rto:
+            return
+        self.ssthresh = max(self.ssthresh, 0.75 * self.cwnd)
+        restart, cwnd = min(float(self.cfg.initial_window), self.cwnd), self.cwnd
+        idle -= rto
+        while idle > 0.0 and cwnd > restart:
+            cwnd = float(int(cwnd) // 2)
+            idle -= rto
+        self.cwnd = max(cwnd, restart)
+
+    def _timeout(self, t: float) -> tuple[float, int]:
+        """The round sent at t is lost to a cut: back off from t + RTO until a retransmission and its
+        acknowledgement cross while the link is up. (when it leaves, retransmissions sent)."""
+        timeout, tries = self.rto, 0
+        while True:
+            t += timeout
+            tries += 1
+            rtt = self.cond.delay(t) + self.cond.ack_delay(t)
+            if self.cond.outages.first_cut(t, t + rtt) is None and not self._lost(t):
+                break
+            timeout = min(2.0 * timeout, self.cfg.rto_max_s)
+        self.ssthresh = max(self.cfg.beta * self.cwnd, 2.0)
+        self.cwnd = 1.0
+        return t, tries - 1
+
+    def _send(self, start: float, nbytes: int, fresh: bool, handshake: bool) -> Transfer:
+        t, retx = start, 0
+        if fresh or not self.established:
+            self._reset()
+            self.established = True
+            if handshake:
+                t, retx = self._handshake(t)
+        else:
+            self._restart_after_idle(t)
+        first = t
+        remaining = max(1, math.ceil(nbytes / self.cfg.mss))
+        wire_bits = (self.cfg.mss + HEADER_BYTES) * 8.0
+        while True:
+            rate = self.cond.rate_bps(t)
+            seg_time = 0.0 if rate is None else wire_bits / rate
+            d_fwd = self.cond.delay(t)
+            rtt = d_fwd + self.cond.ack_delay(t)
+            w = min(max(1, int(self.cwnd)), remaining)
+            burst = w * seg_time
+            if self.cond.outages and self.cond.outages.first_cut(t, t + burst + rtt) is not None:
+                t, tries = self._timeout(t)
+                retx += tries + w
+                continue
+            bdp = math.inf if seg_time == 0.0 else rtt / seg_time + 1.0
+            lost = self._losses(t, w, bdp)
+            round_time = max(rtt + seg_time, burst)
+            if not lost:
+                remaining -= w
+                if remaining == 0:
+                    break
+                self._sample_rtt(round_time)
+                self._grow(w, bdp)
+                t += round_time
+                continue
+            retx += len(lost)
+            remaining -= w - len(lost)
+            tail = lost[-1] == w - 1 and remaining == len(lost)
+            srtt = self.srtt if self.srtt is not None else rtt
+            wait = burst + min(max(2.0 * srtt, PTO_FLOOR_S), self.rto) if tail else round_time + RACK_WINDOW * rtt
+            self.ssthresh = self.cwnd = max(self.cfg.beta * self.cwnd, 2.0)
+            t += wait
+        sent = t + burst
+        self.last_sent = sent
+        self.retransmissions += retx
+        return Transfer(first, sent, sent + d_fwd, retx)
+
+    def _losses(self, t: float, w: int, bdp: float) -> list[int]:
+        """Positions (0 .. w-1) of the round's lost segments: random loss, and what overflows the queue."""
+        p = self.cond.loss(t)
+        lost = set()
+        if p > 0.0:
+            lost.update(int(i) for i in (self.cond.packet_rng.random(w) < p).nonzero()[0])
+        overflow = w - int(bdp) - self.queue_packets
+        if overflow > 0:
+            lost.update(range(w - overflow, w))
+        return sorted(lost)
+
+    def _grow(self, w: int, bdp: float) -> None:
+        """After a clean round: slow start doubles cwnd (up to ssthresh) until a round fills the pipe (HyStart
+        then ends slow start at the current window), congestion avoidance adds one segment."""
+        if self.cwnd < self.ssthresh and w < bdp:
+            self.cwnd = min(2.0 * self.cwnd, self.ssthresh)
+            return
+        self.ssthresh = min(self.ssthresh, self.cwnd)
+        self.cwnd += 1.0
