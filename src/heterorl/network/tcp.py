@@ -18,8 +18,8 @@ Linux's defaults (CUBIC's window cut, RFC 6298 timers with a 200 ms floor), simp
 - A cut (an outage overlapping a round) loses the round: the retransmission timer fires RTO after the round
   began and backs off (RTO doubles, up to `rto_max_s`) until a retransmission crosses while the link is up;
   then ssthresh = beta * cwnd and slow start restarts from one segment (RFC 5681 loss window).
-- RTO = SRTT + max(4 RTTVAR, `rto_min_s`) (RFC 6298 with Linux's floor), updated once per round from the round's
-  RTT (alpha 1/8, beta 1/4); before any sample the SYN timeout applies.
+- RTO = SRTT + RTTVAR with Linux's estimator (`_sample_rtt`; RFC 6298's gains, RTTVAR >= `rto_min_s`), one RTT
+  sample per round; before any sample the SYN timeout applies.
 - Slow start after idle (RFC 7661 / Linux tcp_cwnd_restart): when data is sent after more than an RTO of
   silence, ssthresh = max(ssthresh, 3/4 cwnd) and cwnd halves for every RTO of idleness, down to
   min(initial_window, cwnd).
@@ -59,22 +59,31 @@ class TcpPath(PathTransfer):
         self.cwnd = float(self.cfg.initial_window)
         self.ssthresh = math.inf
         self.srtt: float | None = None
-        self.rttvar = 0.0
+        self.mdev = 0.0  # Linux's mdev_us: 4 x the smoothed mean deviation
+        self.rttvar = 0.0  # Linux's rttvar_us: what RTO adds to SRTT, never below rto_min
         self.last_sent = -math.inf
 
     @property
     def rto(self) -> float:
-        """SRTT + max(4 RTTVAR, rto_min), capped; the SYN timeout before any RTT sample."""
+        """SRTT + RTTVAR (Linux: RTTVAR >= rto_min), capped; the SYN timeout before any RTT sample."""
         if self.srtt is None:
             return self.cfg.syn_rto_s
-        return min(self.srtt + max(4.0 * self.rttvar, self.cfg.rto_min_s), self.cfg.rto_max_s)
+        return min(self.srtt + self.rttvar, self.cfg.rto_max_s)
 
     def _sample_rtt(self, rtt: float) -> None:
+        """Linux's tcp_rtt_estimator with one sample per round: SRTT += (m - SRTT) / 8; mdev (4x the mean
+        deviation) += |m - SRTT| - mdev / 4; RTTVAR moves a quarter of the way to max(mdev, rto_min) per round
+        (it rises at once). The first sample: SRTT = m, mdev = 2m, RTTVAR = max(2m, rto_min) (RTO = 3 RTT)."""
+        floor = self.cfg.rto_min_s
         if self.srtt is None:
-            self.srtt, self.rttvar = rtt, rtt / 2.0
-        else:
-            self.rttvar = 0.75 * self.rttvar + 0.25 * abs(self.srtt - rtt)
-            self.srtt = 0.875 * self.srtt + 0.125 * rtt
+            self.srtt, self.mdev = rtt, 2.0 * rtt
+            self.rttvar = max(self.mdev, floor)
+            return
+        err = rtt - self.srtt
+        self.srtt += err / 8.0
+        self.mdev += abs(err) - self.mdev / 4.0
+        target = max(self.mdev, floor)
+        self.rttvar = target if target > self.rttvar else self.rttvar - (self.rttvar - target) / 4.0
 
     def _lost(self, t: float) -> bool:
         p = self.cond.loss(t)
@@ -131,14 +140,14 @@ class TcpPath(PathTransfer):
         else:
             self._restart_after_idle(t)
         first = t
-        remaining = max(1, math.ceil(nbytes / self.cfg.mss))
+        remaining, w = max(1, math.ceil(nbytes / self.cfg.mss)), 0
         wire_bits = (self.cfg.mss + HEADER_BYTES) * 8.0
         while True:
             rate = self.cond.rate_bps(t)
             seg_time = 0.0 if rate is None else wire_bits / rate
             d_fwd = self.cond.delay(t)
             rtt = d_fwd + self.cond.ack_delay(t)
-            w = min(max(1, int(self.cwnd)), remaining)
+            prev_w, w = w, min(max(1, int(self.cwnd)), remaining)
             burst = w * seg_time
             if self.cond.outages and self.cond.outages.first_cut(t, t + burst + rtt) is not None:
                 t, tries = self._timeout(t)
@@ -149,10 +158,12 @@ class TcpPath(PathTransfer):
             round_time = max(rtt + seg_time, burst)
             if not lost:
                 remaining -= w
+                self._sample_rtt(round_time)
+                # the most segments in flight: the previous round's, plus half of this one sent while its
+                # acknowledgements arrived (slow start sends two for each)
+                self._grow(w, prev_w + w // 2 if prev_w else w, bdp)
                 if remaining == 0:
                     break
-                self._sample_rtt(round_time)
-                self._grow(w, bdp)
                 t += round_time
                 continue
             retx += len(lost)
@@ -173,16 +184,21 @@ class TcpPath(PathTransfer):
         lost = set()
         if p > 0.0:
             lost.update(int(i) for i in (self.cond.packet_rng.random(w) < p).nonzero()[0])
-        overflow = w - int(bdp) - self.queue_packets
+        overflow = w - self.queue_packets - (int(bdp) if bdp != math.inf else w)
         if overflow > 0:
             lost.update(range(w - overflow, w))
         return sorted(lost)
 
-    def _grow(self, w: int, bdp: float) -> None:
-        """After a clean round: slow start doubles cwnd (up to ssthresh) until a round fills the pipe (HyStart
-        then ends slow start at the current window), congestion avoidance adds one segment."""
-        if self.cwnd < self.ssthresh and w < bdp:
-            self.cwnd = min(2.0 * self.cwnd, self.ssthresh)
-            return
-        self.ssthresh = min(self.ssthresh, self.cwnd)
-        self.cwnd += 1.0
+    def _grow(self, w: int, in_flight: int, bdp: float) -> None:
+        """The acknowledgements of a clean round of w segments open the window when it limited the sender
+        (Linux's tcp_is_cwnd_limited: in slow start cwnd < 2 x the most segments in flight, `in_flight`; after
+        it, a full window). Slow start adds one segment per segment acknowledged (a full round doubles cwnd), up
+        to ssthresh, until a round fills the pipe (HyStart then ends slow start at the current window);
+        congestion avoidance adds one segment per round."""
+        if self.cwnd < self.ssthresh:
+            if w >= bdp:
+                self.ssthresh = self.cwnd
+            elif 2 * in_flight > self.cwnd:
+                self.cwnd = min(self.cwnd + w, self.ssthresh)
+        elif w >= int(self.cwnd):
+            self.cwnd += 1.0

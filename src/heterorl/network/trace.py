@@ -132,11 +132,11 @@ def _number(raw: object, column: str, where: str) -> float:
         if not 0.0 <= value < float("inf"):
             raise TraceError(f"{where}: t must be >= 0 and finite, got {value}")
         return value
-    low, high, open_low = _BOUNDS[column]
-    if not (low < value if open_low else low <= value) or not value <= high or value != value:
-        raise TraceError(f"{where}: {column} = {value} is outside {'(' if open_low else '['}{low}, {high}]")
     if column == "up" and value not in (0.0, 1.0):
         raise TraceError(f"{where}: up must be true/false or 1/0, got {raw!r}")
+    low, high, open_low = _BOUNDS[column]
+    if not (low < value if open_low else low <= value) or not value <= high:
+        raise TraceError(f"{where}: {column} = {value} is outside {'(' if open_low else '['}{low}, {high}]")
     return value
 
 
