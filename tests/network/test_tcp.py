@@ -87,14 +87,22 @@ def test_no_restart_when_slow_start_after_idle_is_off() -> None:
     assert path.cwnd == 80.0
 
 
-def test_a_cut_costs_the_backed_off_retransmission_timer() -> None:
-    # RTO 0.3: the segment sent at 1.0 is lost; retransmissions at 1.3 (down), 1.9 (down), 3.1 (up): arrives 3.15
+def test_a_cut_costs_the_probe_and_the_backed_off_retransmission_timer() -> None:
+    # SRTT 0.1, RTO 0.3; the one segment sent at 1.0 is lost. Tail loss probe after min(2 x 0.1 + 0.2, RTO) = 0.3:
+    # 1.3 (down); then RTO from the probe, doubling: 1.6 (down), 2.2 (down), 3.4 (up): it arrives at 3.45
     link = tcp_link(outages=[{"start": 1.0, "end": 3.0}])
     path = established(link, cwnd=10.0)
     done = link.transfer("rollout", 1.0, 100)
-    assert (done.arrival, done.retransmissions) == pytest.approx((3.15, 3))
+    assert (done.arrival, done.retransmissions) == pytest.approx((3.45, 4))
     # after the timeout: ssthresh = 0.7 x 10, cwnd from 1 (then one acknowledged segment: 2)
     assert (path.ssthresh, path.cwnd) == (7.0, 2.0)
+
+
+def test_a_cut_with_two_segments_out() -> None:
+    # PTO = 2 x 0.1 + 10 ms = 0.21: probe 1.21, RTO 1.51, 2.11, 3.31 (up); then cwnd 1: one segment, then the other
+    link = tcp_link(outages=[{"start": 1.0, "end": 3.0}])
+    established(link, cwnd=10.0)
+    assert link.transfer("rollout", 1.0, 2 * 1448).arrival == pytest.approx(3.31 + 0.1 + 0.05)
 
 
 def test_a_lost_syn_waits_one_second_then_two() -> None:
@@ -108,8 +116,8 @@ def test_a_lost_syn_waits_one_second_then_two() -> None:
 @pytest.mark.parametrize(
     ("uniforms", "arrival"),
     [
-        # the last segment lost: nothing after it to reveal the loss; the tail probe fires 2 SRTT later
-        ([0.9, 0.9, 0.1, 0.9], 0.2 + 0.05),
+        # the last segment lost: nothing after it to reveal the loss; the tail probe fires 2 SRTT + 10 ms later
+        ([0.9, 0.9, 0.1, 0.9], 0.21 + 0.05),
         # the first segment lost: later segments reveal it after RTT + RTT / 4
         ([0.1, 0.9, 0.9, 0.9], 0.1 + 0.025 + 0.05),
     ],

@@ -44,12 +44,32 @@ def run_plan(
     lab: WanLab, node: Node, plan: list[dict[str, Any]], timeout: float = 120.0, port: int = PROBE_PORT
 ) -> dict[str, Any]:
     """Run a probe client's plan in a node's namespace against the probe server; its JSON result."""
-    client = [sys.executable, "-m", "heterorl.lab.probe", "client", "--connect", f"{lab.learner_ip}:{port}"]
-    done = lab.exec(node, [*client, "--plan", json.dumps(plan)], timeout=timeout)
+    done = lab.exec(node, [*_client(lab, port), "--plan", json.dumps(plan)], timeout=timeout)
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["no message"])[-1]
         raise LabError(f"the probe client on node {node} failed: {tail}")
     return json.loads(done.stdout)
+
+
+def run_plans(
+    lab: WanLab, plans: dict[int, list[dict[str, Any]]], timeout: float = 120.0, port: int = PROBE_PORT
+) -> dict[int, dict[str, Any]]:
+    """`run_plan` on several samplers at once (their links are independent); each one's JSON result."""
+    procs = {
+        node: lab.popen(node, [*_client(lab, port), "--plan", json.dumps(plan)], stdout=subprocess.PIPE, text=True)
+        for node, plan in plans.items()
+    }
+    results = {}
+    for node, proc in procs.items():
+        out, _ = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            raise LabError(f"the probe client on node {node} failed (status {proc.returncode}); its error is above")
+        results[node] = json.loads(out)
+    return results
+
+
+def _client(lab: WanLab, port: int) -> list[str]:
+    return [sys.executable, "-m", "heterorl.lab.probe", "client", "--connect", f"{lab.learner_ip}:{port}"]
 
 
 def configured_rtt(link: LinkConfig, n: int = 20_000, seed: int = 0) -> tuple[float, float]:

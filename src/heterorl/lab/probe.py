@@ -16,7 +16,7 @@ Plan steps: {"op": "connect"} (a new connection; the time connect() took), {"op"
 "interval": s} (round trips of 1 byte each way), {"op": "upload", "size": n} and {"op": "download", "size": n}
 (seconds from the first byte sent, or the request sent, to the last byte at the receiver), {"op": "sleep",
 "seconds": s}, {"op": "stream", "size": n, "seconds": s} (uploads back to back for s seconds; each one's
-arrival time). Uploads and downloads also give `half_at`, `last_at` (the receiver's clock when half and all of
+start and arrival time). Uploads and downloads also give `half_at`, `last_at` (the receiver's clock when half and all of
 the bytes were in) and `after_half` (bytes still to come at `half_at`): steady rate = after_half / (last - half).
 The output adds the client namespace's TCP retransmission count over the plan (RetransSegs).
 """
@@ -124,14 +124,15 @@ class Client:
         return self.sock
 
     def ping(self, count: int = 10, interval: float = 0.0) -> dict[str, Any]:
-        sock, rtts = self._live(), []
+        sock, starts, rtts = self._live(), [], []
         for _ in range(count):
             start = time.monotonic()
             sock.sendall(HEAD.pack(b"P", 0))
             _recv_exact(sock, 1)
+            starts.append(start)
             rtts.append(time.monotonic() - start)
             time.sleep(interval)
-        return {"rtts": rtts}
+        return {"starts": starts, "rtts": rtts}
 
     def upload(self, size: int) -> dict[str, Any]:
         sock, payload = self._live(), bytes(min(size, CHUNK))
@@ -159,10 +160,12 @@ class Client:
         return {"start": start, "seconds": last_at - start, "half_at": half_at, "last_at": last_at, "after_half": after}
 
     def stream(self, size: int, seconds: float) -> dict[str, Any]:
-        end, arrivals = time.monotonic() + seconds, []
+        end, starts, arrivals = time.monotonic() + seconds, [], []
         while time.monotonic() < end:
-            arrivals.append(self.upload(size)["last_at"])
-        return {"arrivals": arrivals}
+            up = self.upload(size)
+            starts.append(up["start"])
+            arrivals.append(up["last_at"])
+        return {"starts": starts, "arrivals": arrivals}
 
     def run(self, plan: list[dict[str, Any]]) -> dict[str, Any]:
         before = retransmitted_segments()

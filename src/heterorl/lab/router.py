@@ -112,6 +112,7 @@ class Router:
         poller = select.epoll()
         devices = [self.learner_fd, *self.from_sampler]
         for fd in devices:
+            os.set_blocking(fd, False)
             poller.register(fd, select.EPOLLIN)
         poller.register(control, select.EPOLLIN)
         pending = b""

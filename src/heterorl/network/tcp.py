@@ -5,19 +5,25 @@ Linux's defaults (CUBIC's window cut, RFC 6298 timers with a 200 ms floor), simp
 - Handshake: a side that opens the connection waits one round trip (SYN, SYN-ACK) before its data leaves; a lost
   SYN is sent again after `syn_rto_s`, doubling (RFC 6298).
 - Window: a new connection starts at `initial_window` segments of `mss` payload bytes (RFC 6928: 10). Each round
-  sends min(cwnd, what is left); slow start doubles cwnd per round up to ssthresh, congestion avoidance adds one
-  segment per round. Once a round's window exceeds the bandwidth-delay product the bottleneck queue grows and
-  the round lasts window * segment time instead of one RTT (the rate bounds the throughput); slow start stops
-  there (CUBIC's HyStart leaves slow start when delay rises). Segments beyond BDP + `queue_packets` are dropped.
+  sends min(cwnd, what is left). In slow start each acknowledged segment adds one (a full round doubles cwnd),
+  up to ssthresh, when the window limited the sender (Linux: cwnd < 2 x the most segments in flight), also on
+  the acknowledgements of a message's last round; congestion avoidance adds one segment per round. Once a
+  round's window exceeds the bandwidth-delay product the bottleneck queue grows, the round lasts window x
+  segment time instead of one RTT (the rate bounds the throughput) and the queueing inflates the RTT samples
+  (and so the RTO); segments beyond BDP + `queue_packets` are dropped. Slow start runs on into the queue:
+  CUBIC's HyStart, measured in the WAN lab, left it late (at 3.4 x the BDP on a 5 Mbit/s, 300 ms link with a
+  1000-packet buffer), so the model has none.
 - Round time: max(RTT + one segment's serialisation, window's serialisation); the last round ends when its
   last byte arrives: start of the round + window's serialisation + one-way delay.
 - Random loss (each segment lost with the path's `loss`): the round's losses are detected by later segments'
   acknowledgements (RACK / fast retransmit, about 1.25 RTT) or, when the last segment sent is lost, by the tail
-  loss probe after PTO = max(2 SRTT, 10 ms) (RFC 8985); cwnd and ssthresh become beta * cwnd, and the lost
-  segments go again in the next round.
-- A cut (an outage overlapping a round) loses the round: the retransmission timer fires RTO after the round
-  began and backs off (RTO doubles, up to `rto_max_s`) until a retransmission crosses while the link is up;
-  then ssthresh = beta * cwnd and slow start restarts from one segment (RFC 5681 loss window).
+  loss probe after PTO = 2 SRTT + 10 ms (+ rto_min instead when one segment is out), at most the RTO (RFC 8985,
+  Linux); cwnd and ssthresh become beta * cwnd, and the lost segments go again in the next round.
+- A cut (an outage overlapping a round) loses the round: the tail loss probe goes PTO after the round's last
+  segment, then the retransmission timer fires RTO after the probe and backs off (RTO doubles, up to
+  `rto_max_s`) until a retransmission crosses while the link is up; then ssthresh = beta * cwnd and slow start
+  restarts from one segment (RFC 5681 loss window). The kernel's timer wheel rounds the longer timeouts up
+  (by up to 1/8), which the model leaves out: measured cuts cost a few percent more.
 - RTO = SRTT + RTTVAR with Linux's estimator (`_sample_rtt`; RFC 6298's gains, RTTVAR >= `rto_min_s`), one RTT
   sample per round; before any sample the SYN timeout applies.
 - Slow start after idle (RFC 7661 / Linux tcp_cwnd_restart): when data is sent after more than an RTO of
@@ -25,7 +31,8 @@ Linux's defaults (CUBIC's window cut, RFC 6298 timers with a 200 ms floor), simp
   min(initial_window, cwnd).
 
 What it leaves out: the receive window (Linux's autotuning keeps ahead of slow start), delayed-ACK timing,
-CUBIC's window curve in congestion avoidance (Reno's +1 per round), ACK loss, partial rounds lost to a cut.
+HyStart, CUBIC's window curve in congestion avoidance (Reno's +1 per round), ACK loss, partial rounds lost to a
+cut, the kernel's timer granularity.
 The WAN lab measures real kernel TCP against it (tests/lab/test_tcp_model.py, docs/wan-lab.md).
 """
 
@@ -115,10 +122,21 @@ class TcpPath(PathTransfer):
             idle -= rto
         self.cwnd = max(cwnd, restart)
 
-    def _timeout(self, t: float) -> tuple[float, int]:
-        """The round sent at t is lost to a cut: back off from t + RTO until a retransmission and its
-        acknowledgement cross while the link is up. (when it leaves, retransmissions sent)."""
-        timeout, tries = self.rto, 0
+    def _pto(self, w: int) -> float:
+        """Linux's tail loss probe timeout: 2 SRTT, plus rto_min when one segment is out (a delayed ACK may be
+        all that is missing) else a 10 ms floor, never later than the RTO (RFC 8985)."""
+        srtt = self.srtt if self.srtt is not None else self.cfg.syn_rto_s
+        return min(2.0 * srtt + (self.cfg.rto_min_s if w == 1 else PTO_FLOOR_S), self.rto)
+
+    def _timeout(self, t: float, w: int) -> tuple[float, int]:
+        """The round of w segments sent at t is lost to a cut: a tail loss probe after PTO, then the
+        retransmission timer from the probe, doubling, until a retransmission and its acknowledgement cross while
+        the link is up. (when it leaves, retransmissions sent)."""
+        t += self._pto(w)
+        rtt = self.cond.delay(t) + self.cond.ack_delay(t)
+        if self.cond.outages.first_cut(t, t + rtt) is None and not self._lost(t):
+            return t, 0  # the probe got through: the round is sent again from here, window unchanged
+        timeout, tries = self.rto, 1
         while True:
             t += timeout
             tries += 1
@@ -150,7 +168,7 @@ class TcpPath(PathTransfer):
             prev_w, w = w, min(max(1, int(self.cwnd)), remaining)
             burst = w * seg_time
             if self.cond.outages and self.cond.outages.first_cut(t, t + burst + rtt) is not None:
-                t, tries = self._timeout(t)
+                t, tries = self._timeout(t + burst, w)
                 retx += tries + w
                 continue
             bdp = math.inf if seg_time == 0.0 else rtt / seg_time + 1.0
@@ -161,7 +179,7 @@ class TcpPath(PathTransfer):
                 self._sample_rtt(round_time)
                 # the most segments in flight: the previous round's, plus half of this one sent while its
                 # acknowledgements arrived (slow start sends two for each)
-                self._grow(w, prev_w + w // 2 if prev_w else w, bdp)
+                self._grow(w, prev_w + w // 2 if prev_w else w)
                 if remaining == 0:
                     break
                 t += round_time
@@ -169,8 +187,7 @@ class TcpPath(PathTransfer):
             retx += len(lost)
             remaining -= w - len(lost)
             tail = lost[-1] == w - 1 and remaining == len(lost)
-            srtt = self.srtt if self.srtt is not None else rtt
-            wait = burst + min(max(2.0 * srtt, PTO_FLOOR_S), self.rto) if tail else round_time + RACK_WINDOW * rtt
+            wait = burst + self._pto(w) if tail else round_time + RACK_WINDOW * rtt
             self.ssthresh = self.cwnd = max(self.cfg.beta * self.cwnd, 2.0)
             t += wait
         sent = t + burst
@@ -189,16 +206,13 @@ class TcpPath(PathTransfer):
             lost.update(range(w - overflow, w))
         return sorted(lost)
 
-    def _grow(self, w: int, in_flight: int, bdp: float) -> None:
+    def _grow(self, w: int, in_flight: int) -> None:
         """The acknowledgements of a clean round of w segments open the window when it limited the sender
         (Linux's tcp_is_cwnd_limited: in slow start cwnd < 2 x the most segments in flight, `in_flight`; after
         it, a full window). Slow start adds one segment per segment acknowledged (a full round doubles cwnd), up
-        to ssthresh, until a round fills the pipe (HyStart then ends slow start at the current window);
-        congestion avoidance adds one segment per round."""
+        to ssthresh; congestion avoidance adds one segment per round."""
         if self.cwnd < self.ssthresh:
-            if w >= bdp:
-                self.ssthresh = self.cwnd
-            elif 2 * in_flight > self.cwnd:
+            if 2 * in_flight > self.cwnd:
                 self.cwnd = min(self.cwnd + w, self.ssthresh)
         elif w >= int(self.cwnd):
             self.cwnd += 1.0
