@@ -104,9 +104,8 @@ def test_a_cut_stops_traffic_and_tcp_recovers_with_backoff() -> None:
         predicted += 0.01
     measured = arrivals[last] if request_lost else arrivals[last + 1]
     lost = "request" if request_lost else "answer"
-    print(
-        f"cut {cut}: {lost} sent at {sent:.3f} s lost, SRTT {srtt * 1e3:.1f} ms; traffic back at {measured:.3f} s, model {predicted:.3f} s"
-    )
+    print(f"cut {cut}: {lost} sent at {sent:.3f} s lost, SRTT {srtt * 1e3:.1f} ms; ", end="")
+    print(f"traffic back at {measured:.3f} s, model {predicted:.3f} s")
     assert measured == pytest.approx(predicted, abs=0.2)  # the kernel rounds long timers up (docs/wan-lab.md)
 
 
@@ -128,21 +127,29 @@ def test_loss_makes_tcp_retransmit() -> None:
     assert out["retransmitted"] >= 0.9 * counts["loss"]
 
 
-def test_the_lab_leaves_nothing_behind_after_use_and_after_an_error() -> None:
+def fail_inside_a_lab(seen: dict) -> None:
+    """Open a lab, start a process in it, note what exists, then fail."""
     link = LinkConfig(weights_delay=fixed(0.001))
-    with pytest.raises(RuntimeError, match="boom"), WanLab([link, link]) as lab:
-        names = [lab.namespace(n) for n in lab.nodes]
-        assert set(names) <= set(lab_namespaces())
-        sleeper = lab.popen(0, ["sleep", "60"])
-        router = lab._router
-        assert router is not None
+    with WanLab([link, link]) as lab:
+        seen["lab"] = lab
+        seen["names"] = [lab.namespace(n) for n in lab.nodes]
+        assert set(seen["names"]) <= set(lab_namespaces())
+        seen["sleeper"] = lab.popen(0, ["sleep", "60"])
+        assert lab._router is not None
+        seen["router"] = lab._router.pid
         raise RuntimeError("boom")
-    assert not set(names) & set(lab_namespaces())
-    assert sleeper.poll() is not None
-    assert not alive(router.pid)
+
+
+def test_the_lab_leaves_nothing_behind_after_an_error() -> None:
+    seen: dict = {}
+    with pytest.raises(RuntimeError, match="boom"):
+        fail_inside_a_lab(seen)
+    assert not set(seen["names"]) & set(lab_namespaces())
+    assert seen["sleeper"].poll() is not None
+    assert not alive(seen["router"])
     assert "hrl" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     with pytest.raises(LabError, match="not running"):
-        lab.stats()
+        seen["lab"].stats()
 
 
 SCRIPT = """
