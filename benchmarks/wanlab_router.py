@@ -13,9 +13,7 @@ half of its bytes, with the router's CPU seconds (its own getrusage) over the tr
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 
 from heterorl.config import LinkConfig
 from heterorl.lab import WanLab
@@ -62,22 +60,9 @@ def main() -> None:
     with WanLab(links) as lab:
         print(f"router scheduling: {lab.scheduling}")
         start_probe_server(lab)
-        # the baseline: a second probe server on the learner's loopback, the client beside it
-        lab.popen(
-            "learner",
-            [sys.executable, "-m", "heterorl.lab.probe", "server", "--listen", "127.0.0.1:9001"],
-            stdout=open(os.devnull, "w"),
-        )
-        plan = json.dumps([{"op": "connect"}, {"op": "upload", "size": size}])
-        for _ in range(50):
-            done = lab.exec(
-                "learner",
-                [sys.executable, "-m", "heterorl.lab.probe", "client", "--connect", "127.0.0.1:9001", "--plan", plan],
-                timeout=600,
-            )
-            if done.returncode == 0:
-                break
-        base = steady_mbps(json.loads(done.stdout)["steps"][1])
+        # the baseline: a client in the learner's own namespace (its own address goes through loopback)
+        out = run_plan(lab, "learner", [{"op": "connect"}, {"op": "upload", "size": size}], timeout=600)
+        base = steady_mbps(out["steps"][1])
         unlimited = through_router(lab, 0, size)
         shaped = through_router(lab, 1, int(100e6 / 8 * args.shaped_seconds))
     print(f"baseline (loopback, no router): {base:8.1f} Mbit/s")
