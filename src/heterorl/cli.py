@@ -494,6 +494,16 @@ def lab_ping(
 
     cfg = _load(config, overrides)
     links = [node.link for node in cfg.cluster.samplers]
+    for i, link in enumerate(links):
+        median = configured_rtt(link, n=1000)[0]
+        if median > MAX_PING_RTT_S:
+            typer.secho(
+                f"error: cluster.samplers.{i}.link has a median round trip of {median:.0f} s; `lab ping` measures "
+                f"links up to {MAX_PING_RTT_S:.0f} s (set shorter delays with --set)",
+                fg=typer.colors.RED,
+                err=True,
+            )
+            raise typer.Exit(1)
     table = Table(title="WAN lab links: configured vs measured through TCP")
     for col in ("sampler", "RTT cfg p50/p90", "RTT measured p50/p90", "up cfg/measured", "down cfg/measured", "retx"):
         table.add_column(col, justify="right")
@@ -525,6 +535,9 @@ def lab_ping(
         f"{stats['elapsed_s']:.1f} s, latest write {stats['late_max_s'] * 1e3:.1f} ms late; "
         f"load {os.getloadavg()[0]:.2f}"
     )
+
+
+MAX_PING_RTT_S = 30.0  # `lab ping` sends ~20 round trips per link; beyond this it would take many minutes
 
 
 def _mbps(rate: float | None) -> str:

@@ -75,7 +75,8 @@ class WanLab:
         self.mtu = mtu
         self.congestion_control = congestion_control
         self.stop_timeout_s = stop_timeout_s
-        self.tag = f"{os.getpid()}-{next(_COUNTER)}"
+        self.serial = next(_COUNTER)
+        self.tag = f"{os.getpid()}-{self.serial}"
         self.t0 = 0.0
         self.scheduling = ""  # the router's: fifo (real time), nice or normal
         self._namespaces: list[str] = []
@@ -128,7 +129,8 @@ class WanLab:
         try:
             for node in self.nodes:
                 netns = self.namespace(node)
-                tun = f"hrl{os.getpid() % 0x10000:x}{len(fds)}"
+                # unique in the root namespace while it is made (renamed wan0 inside); at most 15 characters
+                tun = f"h{os.getpid() % 0x100000:x}{self.serial % 256:x}n{len(fds)}"
                 fds[str(node)] = open_tun(tun)
                 self._namespaces.append(netns)
                 make_node(netns, tun, self.address(node), 24, self.mtu, sysctls)
