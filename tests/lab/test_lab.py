@@ -16,7 +16,7 @@ import pytest
 
 from heterorl.config import LinkConfig
 from heterorl.lab import LabError, WanLab
-from heterorl.lab.netns import lab_namespaces, remove_stale
+from heterorl.lab.netns import ALLOWED_CC, lab_namespaces, remove_stale
 from heterorl.lab.ping import run_plan, start_probe_server, steady_mbps
 from heterorl.network import Link, TcpPath
 
@@ -135,6 +135,9 @@ def fail_inside_a_lab(seen: dict) -> None:
         seen["names"] = [lab.namespace(n) for n in lab.nodes]
         assert set(seen["names"]) <= set(lab_namespaces())
         seen["sleeper"] = lab.popen(0, ["sleep", "60"])
+        seen["allowed_inside"] = ALLOWED_CC.read_text()
+        cc = lab.exec(0, ["sysctl", "-n", "net.ipv4.tcp_congestion_control"]).stdout.strip()
+        assert cc == "cubic"
         assert lab._router is not None
         seen["router"] = lab._router.pid
         raise RuntimeError("boom")
@@ -142,8 +145,10 @@ def fail_inside_a_lab(seen: dict) -> None:
 
 def test_the_lab_leaves_nothing_behind_after_an_error() -> None:
     seen: dict = {}
+    allowed = ALLOWED_CC.read_text()
     with pytest.raises(RuntimeError, match="boom"):
         fail_inside_a_lab(seen)
+    assert seen["allowed_inside"] == allowed == ALLOWED_CC.read_text()  # the host's list, back at once
     assert not set(seen["names"]) & set(lab_namespaces())
     assert seen["sleeper"].poll() is not None
     assert not alive(seen["router"])

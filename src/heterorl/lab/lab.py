@@ -35,6 +35,7 @@ from heterorl.lab.netns import (
     delete_netns,
     make_node,
     open_tun,
+    readline,
     remove_stale,
     restore_allowed,
 )
@@ -43,6 +44,7 @@ Node = Literal["learner"] | int
 """A lab node: "learner", or a sampler's index (0-based, the order of the links)."""
 
 _COUNTER = itertools.count()
+REPLY_TIMEOUT_S = 60.0  # the router answers a command at once; a minute allows for a machine that is swapping
 
 
 class WanLab:
@@ -82,7 +84,6 @@ class WanLab:
         self._namespaces: list[str] = []
         self._router: subprocess.Popen[bytes] | None = None
         self._procs: list[subprocess.Popen[Any]] = []
-        self._allowed_before: str | None = None
 
     # --- addresses
     @property
@@ -120,12 +121,14 @@ class WanLab:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _start(self) -> None:
+    def _make_nodes(self, fds: dict[str, int]) -> None:
+        """A namespace with its TUN device per node (descriptors into `fds`). A congestion control the host does
+        not allow namespaces is allowed only while they pick it, then the host's list is put back."""
         sysctls = {"net.ipv6.conf.all.disable_ipv6": "1"}
-        if self.congestion_control is not None:
-            self._allowed_before = allow_congestion_control(self.congestion_control)
-            sysctls["net.ipv4.tcp_congestion_control"] = self.congestion_control
-        fds: dict[str, int] = {}
+        cc = self.congestion_control
+        allowed_before = None if cc is None else allow_congestion_control(cc)
+        if cc is not None:
+            sysctls["net.ipv4.tcp_congestion_control"] = cc
         try:
             for node in self.nodes:
                 netns = self.namespace(node)
@@ -134,6 +137,14 @@ class WanLab:
                 fds[str(node)] = open_tun(tun)
                 self._namespaces.append(netns)
                 make_node(netns, tun, self.address(node), 24, self.mtu, sysctls)
+        finally:
+            if allowed_before is not None and cc is not None:
+                restore_allowed(allowed_before, cc)
+
+    def _start(self) -> None:
+        fds: dict[str, int] = {}
+        try:
+            self._make_nodes(fds)
             spec = {
                 "seed": self.seed,
                 "learner": {"fd": fds["learner"], "ip": self.learner_ip},
@@ -146,6 +157,7 @@ class WanLab:
                 [sys.executable, "-m", "heterorl.lab.router"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
+                bufsize=0,  # unbuffered: `readline` waits on the pipe itself (select), nothing hides in a buffer
                 pass_fds=tuple(fds.values()),
                 start_new_session=True,
             )
@@ -169,7 +181,7 @@ class WanLab:
     def _reply(self) -> dict:
         assert self._router is not None, "no router"
         assert self._router.stdout is not None, "the router's stdout is a pipe"
-        line = self._router.stdout.readline()
+        line = readline(self._router.stdout, REPLY_TIMEOUT_S, "the lab's router")
         if not line:
             raise LabError(f"the lab's router exited (status {self._router.wait()}); its error is above")
         return json.loads(line)
@@ -202,9 +214,6 @@ class WanLab:
         for netns in self._namespaces:
             delete_netns(netns)
         self._namespaces.clear()
-        if self._allowed_before is not None and self.congestion_control is not None:
-            restore_allowed(self._allowed_before, self.congestion_control)
-            self._allowed_before = None
 
     # --- processes
     def _enter(self, node: Node, argv: Sequence[str]) -> list[str]:

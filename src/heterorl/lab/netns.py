@@ -13,11 +13,13 @@ import contextlib
 import fcntl
 import os
 import re
+import select
 import shutil
 import signal
 import struct
 import subprocess
 from pathlib import Path
+from typing import IO, AnyStr
 
 TUNSETIFF = 0x400454CA
 IFF_TUN = 0x0001
@@ -39,6 +41,14 @@ def check_host() -> None:
         raise LabError("the WAN lab needs the `ip` command (iproute2: apt-get install iproute2)")
     if not Path("/dev/net/tun").exists():
         raise LabError("the WAN lab needs /dev/net/tun (load the tun module: modprobe tun)")
+
+
+def readline(pipe: IO[AnyStr], timeout: float, what: str) -> AnyStr:
+    """One line from a child's pipe, or a LabError naming `what` when none comes within `timeout` seconds."""
+    ready, _, _ = select.select([pipe], [], [], timeout)
+    if not ready:
+        raise LabError(f"{what} did not answer within {timeout:.0f} s")
+    return pipe.readline()
 
 
 def ip(*args: str, netns: str | None = None) -> str:

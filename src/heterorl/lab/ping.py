@@ -19,7 +19,7 @@ import numpy as np
 
 from heterorl.config import LinkConfig
 from heterorl.lab.lab import Node, WanLab
-from heterorl.lab.netns import LabError
+from heterorl.lab.netns import LabError, readline
 from heterorl.network import make_delay
 
 PROBE_PORT = 9000
@@ -35,7 +35,7 @@ def start_probe_server(lab: WanLab, port: int = PROBE_PORT) -> subprocess.Popen[
         text=True,
     )
     assert server.stdout is not None
-    if not server.stdout.readline():
+    if not readline(server.stdout, 120.0, "the probe server"):
         raise LabError(f"the probe server did not start (status {server.wait()})")
     return server
 
