@@ -66,7 +66,7 @@ def test_round_trips_and_rates_match_the_config() -> None:
 
 
 def test_a_cut_stops_traffic_and_tcp_recovers_with_backoff() -> None:
-    cut = (6.0, 9.0)  # late enough for the probes to be running on a loaded machine
+    cut = (10.0, 13.0)  # late enough for the probes to be running on a loaded machine
     link = LinkConfig(
         weights_delay=fixed(0.01),
         rollout_delay=fixed(0.01),
@@ -77,6 +77,7 @@ def test_a_cut_stops_traffic_and_tcp_recovers_with_backoff() -> None:
     with WanLab([link]) as lab:
         start_probe_server(lab)
         seconds = cut[1] + 2.0 - lab.elapsed()
+        assert lab.elapsed() < cut[0] - 2.0, "the machine took too long to start the probes before the cut"
         out = run_plan(lab, 0, [{"op": "connect"}, {"op": "stream", "size": 1000, "seconds": seconds}], timeout=60)
         stats = lab.stats()
         starts = np.asarray(out["steps"][1]["starts"]) - lab.t0
