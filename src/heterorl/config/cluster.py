@@ -19,10 +19,14 @@ class SamplerNodeConfig(Strict):
         description="Identifier (A-Z a-z 0-9 . _ -); defaults to sampler-<index>.",
     )
     tokens_per_second: float = Field(2000.0, gt=0.0, description="Generation speed (virtual time).")
-    link: LinkConfig = Field(default_factory=LinkConfig, description="Its link to the learner.")
     start_delay_s: float = Field(
-        0.0, ge=0.0, le=86_400.0, description="Seconds after the learner starts that this sampler starts (simulator)."
+        0.0,
+        ge=0.0,
+        le=86_400.0,
+        description="Seconds after the learner's start before this sampler starts (its imports and model build "
+        "live; the simulator starts it this late).",
     )
+    link: LinkConfig = Field(default_factory=LinkConfig, description="Its link to the learner.")
 
 
 class ClusterConfig(Strict):
