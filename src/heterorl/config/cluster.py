@@ -158,8 +158,16 @@ class LiveConfig(Strict):
     )
     fsync: bool = Field(True, description="fsync every journaled group before acknowledging it (power-loss safety).")
     emulate_links: bool = Field(
-        False, description="Samplers apply their node's link delays, bandwidth and faults for real (experiments)."
+        False,
+        description="Samplers delay and perturb their own messages by their node's link (in the application: "
+        "delays, bandwidth, message faults; no TCP). For tests and experiments; `wan_lab` shapes real TCP.",
     )
+    wan_lab: bool = Field(
+        False,
+        description="run --live: the learner and each sampler in their own network namespace, each sampler's link "
+        "shaped for real on its TCP connections (delays, rates, loss, reordering, cuts; docs/wan-lab.md; root).",
+    )
+    wan_lab_port: int = Field(8470, ge=1, le=65535, description="run --live with wan_lab: the learner's port in the lab.")
     dead_after_s: float = Field(
         10.0,
         gt=0.0,
@@ -183,6 +191,12 @@ class LiveConfig(Strict):
     startup_timeout_s: float = Field(
         600.0, gt=0.0, le=86_400.0, description="run --live: longest wait for the learner to start listening."
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_shape(self) -> LiveConfig:
+        if self.emulate_links and self.wan_lab:
+            raise ValueError("emulate_links and wan_lab both shape the links: choose one")
+        return self
 
     @model_validator(mode="after")
     def _backoff_order(self) -> LiveConfig:

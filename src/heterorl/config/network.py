@@ -172,9 +172,6 @@ class LinkConfig(Strict):
         1000, ge=2, le=1_000_000, description="Bottleneck buffer of each direction (packets; lab and `tcp` model)."
     )
     weights_faults: FaultConfig = Field(default_factory=FaultConfig, description="Faults on the weights path.")
-    retry_seconds: float = Field(
-        30.0, gt=0.0, description="After a weight update is lost, the next one is asked for this long later (s)."
-    )
     rollout_faults: FaultConfig = Field(default_factory=FaultConfig, description="Faults on the rollout path.")
     outages: list[Outage] = Field(
         default_factory=list, max_length=10_000, description="Cuts, in time order: [{start, end}] (s from the start)."

@@ -9,6 +9,7 @@ checkpoints, so `heterorl learner --resume` can continue the run), then SIGKILL 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from typing import IO, Any
 
 from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
+from heterorl.lab import Node, WanLab
 from heterorl.live.preflight import check_live_config
 from heterorl.run.build import checked_model_path, resolve_base_model
 from heterorl.run.recorder import Observer
@@ -40,16 +42,18 @@ def log_tail(path: Path) -> str:
 
 
 class ProcessGroup:
-    """Child processes, each in its own session and logging to a file, that are always ended on `close`."""
+    """Child processes, each in its own session and logging to a file, that are always ended on `close`; in a WAN
+    lab's namespaces when given one (`node`: "learner" or a sampler's index)."""
 
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env = env
+    def __init__(self, env: dict[str, str], lab: WanLab | None = None) -> None:
+        self.env, self.lab = env, lab
         self.procs: dict[str, tuple[subprocess.Popen[bytes], Path, IO[bytes]]] = {}
 
-    def start(self, name: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    def start(self, name: str, args: list[str], log: Path, node: Node = "learner") -> subprocess.Popen[bytes]:
         out = log.open("ab")
         argv = [sys.executable, "-m", "heterorl.live.node", *args]
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        kwargs: dict[str, Any] = {"stdout": out, "stderr": subprocess.STDOUT, "env": self.env, "start_new_session": True}
+        proc = self.lab.popen(node, argv, **kwargs) if self.lab is not None else subprocess.Popen(argv, **kwargs)
         self.procs[name] = (proc, log, out)
         return proc
 
@@ -125,33 +129,27 @@ def child_env(cfg: RunConfig, token: str) -> dict[str, str]:
     return env
 
 
-def run_live(
+def _run_children(
     cfg: RunConfig,
-    run_dir: str | Path,
-    show_progress: bool = True,
-    overwrite: bool = False,
-    observer: Observer | None = None,
-) -> dict[str, Any]:
-    """Run `cfg` on a live local cluster (one learner + one process per sampler node) into `run_dir` (refused if
-    it holds a run, unless `overwrite`). `observer` sees every record as the learner writes it; when it asks to
-    stop, the learner is told to finish (SIGUSR1: last evaluation, checkpoint, summary)."""
-    wall_start = time.monotonic()
-    check_live_config(cfg)
-    checked_model_path(cfg)
-    run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite, resumable=False)
+    run_dir: Path,
+    procs: ProcessGroup,
+    lab: WanLab | None,
+    show_progress: bool,
+    observer: Observer | None,
+) -> None:
+    """Start the learner and the samplers (in the lab's namespaces when there is one), follow the learner's
+    metrics until it exits, end every child."""
     live_dir = run_dir / "live"
-    live_dir.mkdir(exist_ok=True)
-    resolve_base_model(cfg, show_progress)
-    procs = ProcessGroup(child_env(cfg, configured_token(cfg.live) or new_token()))
     config = str(run_dir / "config.yaml")
     address = live_dir / "learner.json"
     address.unlink(missing_ok=True)
+    listen = f"{lab.learner_ip}:{cfg.live.wan_lab_port}" if lab is not None else "127.0.0.1:0"
     try:
-        procs.start("learner", ["learner", config, "--run-dir", str(run_dir)], live_dir / "learner.log")
+        procs.start("learner", ["learner", config, "--run-dir", str(run_dir), "--listen", listen], live_dir / "learner.log")
         names = [f"sampler-{i}" for i in range(len(cfg.cluster.samplers))]
         for i, name in enumerate(names):  # they start alongside the learner and wait for its address
             args = ["sampler", config, "--connect-file", str(address), "--index", str(i)]
-            procs.start(name, args, live_dir / f"{name}.log")
+            procs.start(name, args, live_dir / f"{name}.log", node=i)
         _wait_for_url(address, procs, cfg.live.startup_timeout_s)
         learner = procs.procs["learner"][0]
         with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress, log_path=run_dir / "run.log") as bar:
@@ -171,6 +169,29 @@ def run_live(
         procs.check("learner")
     finally:
         procs.close()
+
+
+def run_live(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    show_progress: bool = True,
+    overwrite: bool = False,
+    observer: Observer | None = None,
+) -> dict[str, Any]:
+    """Run `cfg` on a live local cluster (one learner + one process per sampler node) into `run_dir` (refused if
+    it holds a run, unless `overwrite`). `observer` sees every record as the learner writes it; when it asks to
+    stop, the learner is told to finish (SIGUSR1: last evaluation, checkpoint, summary)."""
+    wall_start = time.monotonic()
+    check_live_config(cfg)
+    checked_model_path(cfg)
+    run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite, resumable=False)
+    live_dir = run_dir / "live"
+    live_dir.mkdir(exist_ok=True)
+    resolve_base_model(cfg, show_progress)
+    links = [node.link for node in cfg.cluster.samplers]
+    with WanLab(links, seed=cfg.seed) if cfg.live.wan_lab else contextlib.nullcontext() as lab:
+        procs = ProcessGroup(child_env(cfg, configured_token(cfg.live) or new_token()), lab)
+        _run_children(cfg, run_dir, procs, lab, show_progress, observer)
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise LiveRunError(

@@ -189,6 +189,7 @@ class LiveLearner:
             "elapsed_s": round(loop.now(), 3),
             "resumes": loop.resumes,
             "skipped_steps": loop.skipped_steps,
+            "admission": loop.admission_summary()["samplers"],
         }
 
 

@@ -367,7 +367,20 @@ class LearnerLoop:
             "net": {**self.intake.counters_json(), "weights_failed": sum(p.failed for p in peers.values())},
             "resumes": self.resumes,
             "skipped_steps": self.skipped_steps,
+            "admission": self.admission_summary(),
         }
+
+    def admission_summary(self) -> dict[str, Any]:
+        """Admission's totals and each sampler's slots (granted, outstanding, voided)."""
+        with self.intake.cond:
+            a = self.admission
+            return {
+                "enabled": a.enabled,
+                "granted": a.started,
+                "released": a.released,
+                "voided": a.voided_total,
+                "samplers": a.per_sampler_counts(),
+            }
 
     # ---------------------------------------------------------------- durability (resume)
     def save_state(self, root: Path) -> Path:

@@ -71,7 +71,7 @@ class PendingSend:
 
     side: SimSamplerSide
     at: float  # sending time
-    delay: float  # the path's delay sample, drawn at sending time as the bytes path draws it
+    delay: float | None  # the path's delay sample, drawn at sending time (None: a path that settles at once)
     before: InProcess | None  # what the sampler was sent before: the update's size is the store's from there
     update: InProcess
     arrival: float | None = None
@@ -304,17 +304,23 @@ class SimLearnerSide:
         side.deliver(encode_update(update) if side.weights.lossy else update, nbytes, start, pull.done)
 
     def _send_shared(self, pull: ParkedPull) -> None:
-        """Send the newest version by reference: its cost on the wire is settled later; so is its arrival, unless
-        no link it crosses has a bandwidth limit (then the size cannot change it)."""
+        """Send the newest version by reference: what it costs on the wire is settled later; so is its arrival,
+        unless no link it crosses has a bandwidth limit (then the size cannot change it), or the path's model
+        needs the size at once (`SimPath.deferrable`: then it is settled now)."""
         side, now, loop = pull.side, self.events.now, self.loop
         before = None if side.sent is None else side.sent[1]
         update = self.share(loop.published_version, self.settle)
-        send = PendingSend(side, now, side.weights.draw_delay(), before, update)
+        path = side.weights
+        send = PendingSend(side, now, path.draw_delay() if path.deferrable else None, before, update)
         self.pending.append(send)
         side.sent = (update.version, update)
         label = f"weights v{update.version} -> {side.name}"
-        if side.weights.unlimited and self.uplink.bandwidth_mbps is None:
-            send.arrival = side.weights.arrive(now, 0, send.delay)  # its bytes are added to the path when settled
+        if not path.deferrable:
+            self.settle()
+            assert send.arrival is not None
+            self.events.schedule(send.arrival, pull.done, update, label=label)
+        elif path.unlimited and self.uplink.bandwidth_mbps is None:
+            send.arrival = path.arrive(now, 0, send.delay)  # its bytes are added to the path when settled
             self.events.schedule(send.arrival, pull.done, update, label=label)
         else:
             self.events.schedule_deferred(now + send.delay, lambda: self._arrival(send), pull.done, update, label=label)
@@ -343,7 +349,10 @@ class SimLearnerSide:
             nbytes = envelope_nbytes(update)
             loop.traffic.sent(update.version, nbytes, loop.full_update_nbytes())
             start = self.uplink.done_at(send.at, nbytes)
-            if send.arrival is None:
-                send.arrival = send.side.weights.arrive(start, nbytes, send.delay)
+            path = send.side.weights
+            if send.delay is None:
+                send.arrival = path.arrival(start, nbytes)
+            elif send.arrival is None:
+                send.arrival = path.arrive(start, nbytes, send.delay)
             else:
-                send.side.weights.bytes_sent += nbytes
+                path.add_bytes(nbytes)
