@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from heterorl.weights.intcode import _SAMPLE, ESCAPE, choose_k
+from heterorl.weights.intcode import ESCAPE, choose_k_sample, sample
 
 REFINE = 1e-9  # bits: costs this close are re-decided by choose_k's own arithmetic (rounding is ~1e-15)
 _DENSE = 4  # a sample is histogrammed densely when its largest value is below this many times its size
@@ -27,18 +27,23 @@ _DENSE = 4  # a sample is histogrammed densely when its largest value is below t
 
 def choose_ks(streams: Sequence[np.ndarray]) -> list[int]:
     """`[choose_k(x) for x in streams]`, computed for all streams together."""
-    ks = [0] * len(streams)
+    return choose_ks_samples([sample(x) for x in streams], [x.dtype.itemsize * 8 for x in streams])
+
+
+def choose_ks_samples(stream_samples: Sequence[np.ndarray], stream_bits: Sequence[int]) -> list[int]:
+    """`choose_k` of every stream given its sample (`intcode.sample`; empty for an empty stream: k = 0) and its
+    integer width in bits, computed for all streams together."""
+    ks = [0] * len(stream_samples)
     batch: list[int] = []
     samples: list[np.ndarray] = []
-    for i, x in enumerate(streams):
-        if x.size == 0:
+    for i, (sample_S, bits) in enumerate(zip(stream_samples, stream_bits, strict=True)):
+        if sample_S.size == 0:
             continue
-        sample = x[:: max(1, x.size // _SAMPLE)]
-        if x.dtype.itemsize > 4:  # 64-bit streams (rare): values may not fit the batch's int64 keys
-            ks[i] = choose_k(x)
+        if bits > 32:  # 64-bit streams (rare): values may not fit the batch's int64 keys
+            ks[i] = choose_k_sample(sample_S, bits)
             continue
         batch.append(i)
-        samples.append(sample)
+        samples.append(sample_S)
     if not batch:
         return ks
     lengths = np.array([s.size for s in samples], np.int64)
@@ -47,16 +52,14 @@ def choose_ks(streams: Sequence[np.ndarray]) -> list[int]:
     tops = np.maximum.reduceat(values, starts[:-1])
     dense = tops < _DENSE * lengths
     for j in np.flatnonzero(~dense).tolist():
-        ks[batch[j]] = choose_k(streams[batch[j]])
+        ks[batch[j]] = choose_k_sample(samples[j], stream_bits[batch[j]])
     keep = np.flatnonzero(dense)
     if keep.size:
         chosen = _choose_dense(
-            [samples[j] for j in keep.tolist()],
-            [streams[batch[j]].dtype.itemsize * 8 for j in keep.tolist()],
-            tops[keep],
+            [samples[j] for j in keep.tolist()], [stream_bits[batch[j]] for j in keep.tolist()], tops[keep]
         )
         for j, k in zip(keep.tolist(), chosen, strict=True):
-            ks[batch[j]] = k if k >= 0 else choose_k(streams[batch[j]])
+            ks[batch[j]] = k if k >= 0 else choose_k_sample(samples[j], stream_bits[batch[j]])
     return ks
 
 

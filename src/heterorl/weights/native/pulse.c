@@ -1,0 +1,1169 @@
+/* Compiled kernels of the PULSE codec (heterorl.weights): the diff scan with its hashes, the integer-stream
+ * coding of intcode.py, the magnitude-class passes of the v2 format, and the checked decode's chunk pass and
+ * scatter. Each kernel is the numpy reference's algorithm in one loop (tests compare bytes and results bit for
+ * bit); each releases the GIL for its whole loop, so threads over tensors run side by side.
+ *
+ * Arrays come in through the buffer protocol (numpy arrays, bytes, memoryviews); arrays of unknown length come
+ * out as `Buf` objects (a malloc'd block exposed through the buffer protocol, np.frombuffer views it without a
+ * copy). Malformed input raises CodecError (a ValueError) with a message; the Python side names the tensor.
+ * No numpy C-API: the module builds with a C compiler and Python's headers only.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include "xxh_x86dispatch.c" /* xxHash inline, XXH3 updates dispatched to SSE2 / AVX2 / AVX-512 at run time */
+#else
+#define XXH_INLINE_ALL
+#include "xxhash.h"
+#endif
+
+#define ESCAPE 3
+#define SCAN_CHUNK (1 << 18) /* bytes per tensor per pass step: base and new chunks stay in L2 */
+
+static PyObject *CodecError;
+
+/* ------------------------------------------------------------------------------------------------ block pool */
+/* Freed output blocks are kept for the next call instead of going back to the OS: fresh memory costs a page fault
+ * per 4 KiB page on first touch (measured 0.45-0.8 GB/s on this project's VM, hugepages or not), which was most of
+ * a kernel's time, while a codec that runs every step asks for blocks of the same sizes every step. Blocks of
+ * POOL_MIN bytes or more have power-of-two capacities and wait in one stack per size (linked through their first
+ * bytes), so a get or a put is O(1); smaller ones go to malloc, whose heap reuses them. The pool holds at most
+ * pool_limit bytes (set_pool_limit); a block that would exceed it is freed. */
+#include <pthread.h>
+#define POOL_MIN_LOG 16
+#define POOL_MIN (1 << POOL_MIN_LOG)
+#define POOL_CLASSES 48
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *pool_head[POOL_CLASSES];
+static size_t pool_bytes, pool_limit = (size_t)1 << 30;
+
+static inline int ceil_log2(size_t v) { return v <= 1 ? 0 : 64 - __builtin_clzll((unsigned long long)(v - 1)); }
+
+/* A block of at least `need` bytes (its capacity in *cap). */
+static void *pool_get(size_t need, size_t *cap) {
+    if (need < POOL_MIN) {
+        *cap = need ? need : 1;
+        return malloc(*cap);
+    }
+    int c = ceil_log2(need);
+    if (c >= POOL_CLASSES) return NULL;
+    *cap = (size_t)1 << c;
+    pthread_mutex_lock(&pool_lock);
+    void *p = pool_head[c];
+    if (p != NULL) {
+        pool_head[c] = *(void **)p;
+        pool_bytes -= *cap;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    return p != NULL ? p : malloc(*cap);
+}
+
+static void pool_put(void *p, size_t cap) {
+    if (p == NULL) return;
+    if (cap < POOL_MIN) {
+        free(p);
+        return;
+    }
+    int c = ceil_log2(cap);
+    pthread_mutex_lock(&pool_lock);
+    if (pool_bytes + cap <= pool_limit) {
+        *(void **)p = pool_head[c];
+        pool_head[c] = p;
+        pool_bytes += cap;
+        p = NULL;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    free(p);
+}
+
+/* ------------------------------------------------------------------------------------------------ Buf */
+typedef struct {
+    PyObject_HEAD void *data;
+    Py_ssize_t size;
+    size_t cap; /* bytes of the block (pool_put) */
+} BufObject;
+
+static void Buf_dealloc(BufObject *self) {
+    pool_put(self->data, self->cap);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Buf_getbuffer(BufObject *self, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->size, 0, flags);
+}
+
+static PyBufferProcs Buf_as_buffer = {(getbufferproc)Buf_getbuffer, NULL};
+
+static PyTypeObject BufType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "heterorl.weights.native._pulse.Buf",
+    .tp_basicsize = sizeof(BufObject),
+    .tp_dealloc = (destructor)Buf_dealloc,
+    .tp_as_buffer = &Buf_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A block of memory owned by the codec kernels, read through the buffer protocol.",
+};
+
+/* A Buf owning `data` (a pool block of `cap` bytes, `size` of them used; back to the pool with the object). Returns
+ * the block on failure. */
+static PyObject *buf_adopt(void *data, Py_ssize_t size, size_t cap) {
+    if (data == NULL) return PyErr_NoMemory();
+    BufObject *self = PyObject_New(BufObject, &BufType);
+    if (self == NULL) {
+        pool_put(data, cap);
+        return NULL;
+    }
+    self->data = data;
+    self->size = size;
+    self->cap = cap;
+    return (PyObject *)self;
+}
+
+/* A new Buf of `size` bytes (uninitialised). */
+static PyObject *buf_new(size_t size, void **data) {
+    size_t cap;
+    *data = pool_get(size, &cap);
+    return buf_adopt(*data, (Py_ssize_t)size, cap);
+}
+
+/* ------------------------------------------------------------------------------------------------ growable */
+typedef struct {
+    char *data;
+    size_t len, cap; /* elements */
+    size_t item;     /* bytes per element */
+} Vec;
+
+static inline int vec_reserve(Vec *v, size_t extra) {
+    if (v->len + extra <= v->cap) return 0;
+    size_t cap = v->cap ? 2 * v->cap : 4096, got;
+    while (cap < v->len + extra) cap *= 2;
+    char *data = pool_get(cap * v->item, &got);
+    if (data == NULL) return -1;
+    if (v->len) memcpy(data, v->data, v->len * v->item);
+    pool_put(v->data, v->cap * v->item);
+    v->data = data;
+    v->cap = got / v->item;
+    return 0;
+}
+
+static void vec_free(Vec *v) {
+    pool_put(v->data, v->cap * v->item);
+    v->data = NULL;
+}
+
+/* The Vec's elements as a Buf (its block, not copied). */
+static PyObject *vec_to_buf(Vec *v) {
+    if (v->data == NULL && vec_reserve(v, 1)) return PyErr_NoMemory();
+    PyObject *out = buf_adopt(v->data, (Py_ssize_t)(v->len * v->item), v->cap * v->item);
+    v->data = NULL;
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ helpers */
+static int check_itemsize(int itemsize) {
+    if (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8) return 0;
+    PyErr_Format(PyExc_ValueError, "itemsize must be 1, 2, 4 or 8, got %d", itemsize);
+    return -1;
+}
+
+static inline uint64_t load_item(const void *base, size_t i, int itemsize) {
+    switch (itemsize) {
+    case 1: return ((const uint8_t *)base)[i];
+    case 2: return ((const uint16_t *)base)[i];
+    case 4: return ((const uint32_t *)base)[i];
+    default: return ((const uint64_t *)base)[i];
+    }
+}
+
+static inline void store_item(void *base, size_t i, int itemsize, uint64_t v) {
+    switch (itemsize) {
+    case 1: ((uint8_t *)base)[i] = (uint8_t)v; break;
+    case 2: ((uint16_t *)base)[i] = (uint16_t)v; break;
+    case 4: ((uint32_t *)base)[i] = (uint32_t)v; break;
+    default: ((uint64_t *)base)[i] = v; break;
+    }
+}
+
+static inline uint64_t load64(const void *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
+static PyObject *digest_bytes(XXH3_state_t *state) {
+    XXH128_canonical_t canon;
+    XXH128_canonicalFromHash(&canon, XXH3_128bits_digest(state));
+    return PyBytes_FromStringAndSize((const char *)canon.digest, 16);
+}
+
+/* ------------------------------------------------------------------------------------------------ diff scan */
+/* Lanes of the 64-bit words x (base) and y (new) that differ: positions and wrapped differences new - base. */
+#define SCAN_LANES(T, LANES)                                                                                       \
+    for (size_t w = 0; w < words; w++) {                                                                           \
+        uint64_t x = load64(wb + 8 * w), y = load64(wn + 8 * w);                                                   \
+        if (x == y) continue;                                                                                      \
+        if (vec_reserve(&pos, LANES) || vec_reserve(&dif, LANES)) {                                                \
+            failed = 1;                                                                                            \
+            break;                                                                                                 \
+        }                                                                                                          \
+        int64_t *p = (int64_t *)pos.data + pos.len;                                                                \
+        T *d = (T *)dif.data + dif.len;                                                                            \
+        size_t k = 0;                                                                                              \
+        for (int l = 0; l < LANES; l++) {                                                                          \
+            T a = (T)(x >> (l * 8 * sizeof(T))), b = (T)(y >> (l * 8 * sizeof(T)));                                \
+            p[k] = (int64_t)(first + w * LANES + l);                                                               \
+            d[k] = (T)(b - a);                                                                                     \
+            k += a != b;                                                                                           \
+        }                                                                                                          \
+        pos.len += k;                                                                                              \
+        dif.len += k;                                                                                              \
+    }
+
+/* 16-bit elements, 64 at a time: a 64-bit mask of the lanes that differ (SWAR, no branch), then one iteration per
+ * differing element. Per 64-bit word d = x ^ y: ((d & 0x7FFF..) + 0x7FFF..) | d sets each lane's top bit iff the
+ * lane is non-zero (no carry crosses lanes); the four top bits are gathered into four adjacent bits by one
+ * multiplication (their products land at distinct positions, so nothing carries). Returns -1 when out of memory. */
+static int scan16(const char *wb, const char *wn, size_t words, size_t first, Vec *pos, Vec *dif) {
+    const uint64_t low15 = 0x7FFF7FFF7FFF7FFFull, high1 = 0x8000800080008000ull, gather = 0x0000200040008001ull;
+    size_t w = 0;
+    for (; w + 16 <= words; w += 16) {
+        uint64_t mask = 0;
+        for (int j = 0; j < 16; j++) {
+            uint64_t d = load64(wb + 8 * (w + j)) ^ load64(wn + 8 * (w + j));
+            uint64_t t = (((d & low15) + low15) | d) & high1;
+            mask |= (((t >> 15) * gather) >> 45 & 0xF) << (4 * j);
+        }
+        if (!mask) continue;
+        if (vec_reserve(pos, 64) || vec_reserve(dif, 64)) return -1;
+        int64_t *p = (int64_t *)pos->data + pos->len;
+        uint16_t *dd = (uint16_t *)dif->data + dif->len;
+        const uint16_t *b16 = (const uint16_t *)(wb + 8 * w), *n16 = (const uint16_t *)(wn + 8 * w);
+        size_t k = 0;
+        while (mask) {
+            int e = __builtin_ctzll(mask);
+            mask &= mask - 1;
+            p[k] = (int64_t)(first + 4 * w + e);
+            dd[k++] = (uint16_t)(n16[e] - b16[e]);
+        }
+        pos->len += k;
+        dif->len += k;
+    }
+    for (; w < words; w++) {
+        uint64_t x = load64(wb + 8 * w), y = load64(wn + 8 * w);
+        if (x == y) continue;
+        if (vec_reserve(pos, 4) || vec_reserve(dif, 4)) return -1;
+        for (int l = 0; l < 4; l++) {
+            uint16_t a = (uint16_t)(x >> (16 * l)), b = (uint16_t)(y >> (16 * l));
+            if (a == b) continue;
+            ((int64_t *)pos->data)[pos->len++] = (int64_t)(first + 4 * w + l);
+            ((uint16_t *)dif->data)[dif->len++] = (uint16_t)(b - a);
+        }
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(scan_doc,
+             "scan(base, new, itemsize, hash_base, hash_new) -> (positions int64 Buf, differences Buf, base digest, "
+             "new digest)\n\nSorted positions whose raw bits differ, the wrapped differences new - base, and the "
+             "xxh3-128 digests of both (b'' when not asked for); one chunked pass over memory.");
+
+static PyObject *py_scan(PyObject *self, PyObject *args) {
+    Py_buffer bb, nb;
+    int itemsize, hash_base, hash_new;
+    if (!PyArg_ParseTuple(args, "y*y*ipp", &bb, &nb, &itemsize, &hash_base, &hash_new)) return NULL;
+    PyObject *out = NULL;
+    XXH3_state_t *sb = XXH3_createState(), *sn = XXH3_createState();
+    Vec pos = {NULL, 0, 0, 8}, dif = {NULL, 0, 0, (size_t)itemsize};
+    if (check_itemsize(itemsize)) goto done;
+    if (bb.len != nb.len || bb.len % itemsize) {
+        PyErr_SetString(PyExc_ValueError, "base and new must have the same size, a multiple of itemsize");
+        goto done;
+    }
+    if (sb == NULL || sn == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    XXH3_128bits_reset(sb);
+    XXH3_128bits_reset(sn);
+    int failed = 0;
+    const char *b0 = bb.buf, *n0 = nb.buf;
+    size_t nbytes = (size_t)bb.len;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t start = 0; start < nbytes && !failed; start += SCAN_CHUNK) {
+        size_t len = nbytes - start < SCAN_CHUNK ? nbytes - start : SCAN_CHUNK;
+        if (hash_base) XXH3_128bits_update(sb, b0 + start, len);
+        if (hash_new) XXH3_128bits_update(sn, n0 + start, len);
+        size_t words = len / 8;
+        const char *wb = b0 + start, *wn = n0 + start;
+        size_t first = start / itemsize; /* element index of the chunk's first element */
+        switch (itemsize) {
+        case 1: SCAN_LANES(uint8_t, 8) break;
+        case 2: failed = scan16(wb, wn, words, first, &pos, &dif); break;
+        case 4: SCAN_LANES(uint32_t, 2) break;
+        default: SCAN_LANES(uint64_t, 1) break;
+        }
+        for (size_t i = words * 8 / itemsize; i < len / itemsize && !failed; i++) { /* the tail of the tensor */
+            uint64_t a = load_item(b0 + start, i, itemsize), b = load_item(n0 + start, i, itemsize);
+            if (a == b) continue;
+            if (vec_reserve(&pos, 1) || vec_reserve(&dif, 1)) {
+                failed = 1;
+                break;
+            }
+            ((int64_t *)pos.data)[pos.len++] = (int64_t)(first + i);
+            store_item(dif.data, dif.len++, itemsize, b - a);
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *p = vec_to_buf(&pos), *d = vec_to_buf(&dif);
+    PyObject *hb = hash_base ? digest_bytes(sb) : PyBytes_FromStringAndSize(NULL, 0);
+    PyObject *hn = hash_new ? digest_bytes(sn) : PyBytes_FromStringAndSize(NULL, 0);
+    if (p && d && hb && hn) out = PyTuple_Pack(4, p, d, hb, hn);
+    Py_XDECREF(p);
+    Py_XDECREF(d);
+    Py_XDECREF(hb);
+    Py_XDECREF(hn);
+done:
+    vec_free(&pos);
+    vec_free(&dif);
+    XXH3_freeState(sb);
+    XXH3_freeState(sn);
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&nb);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ intcode */
+static inline int width_of(uint64_t v) { return v < (1ull << 8) ? 1 : v < (1ull << 16) ? 2 : v < (1ull << 32) ? 4 : 8; }
+
+/* x_i: the stream's values, as gaps of sorted positions (kind 1: x_i = p_i - p_(i-1) - 1, p_(-1) = -1) or as
+ * value codes of wrapped differences (kind 2: zigzag(d) - 1 in the differences' width) or as they are (kind 0). */
+static inline uint64_t stream_value(const void *src, size_t i, int itemsize, int kind) {
+    if (kind == 1) {
+        const int64_t *p = src;
+        return (uint64_t)(i ? p[i] - p[i - 1] - 1 : p[0]);
+    }
+    uint64_t v = load_item(src, i, itemsize);
+    if (kind == 2) {
+        int bits = 8 * itemsize;
+        uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+        uint64_t sign = (v >> (bits - 1)) & 1 ? mask : 0;
+        v = (((v << 1) ^ sign) - 1) & mask;
+    }
+    return v;
+}
+
+PyDoc_STRVAR(encode_uints_doc,
+             "encode_uints(src, itemsize, kind, k) -> (parts Buf, escapes, escape_width)\n\nintcode.encode_uints's "
+             "parts, concatenated: k // 8 lo byte planes, (k % 8 + 2)-bit symbols packed least significant first, "
+             "escape planes. kind 0: src holds the values (itemsize bytes each); 1: src holds sorted int64 "
+             "positions and the values are their gaps - 1; 2: src holds wrapped differences and the values are "
+             "their codes zigzag(d) - 1.");
+
+static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
+    Py_buffer sb;
+    int itemsize, kind, k;
+    if (!PyArg_ParseTuple(args, "y*iii", &sb, &itemsize, &kind, &k)) return NULL;
+    PyObject *out = NULL;
+    if (check_itemsize(kind == 1 ? 8 : itemsize)) goto done;
+    int isz = kind == 1 ? 8 : itemsize;
+    if (sb.len % isz || k < 0 || k >= 64 || k % 8 == 7 || kind < 0 || kind > 2) {
+        PyErr_SetString(PyExc_ValueError, "encode_uints: bad arguments");
+        goto done;
+    }
+    size_t count = (size_t)sb.len / isz;
+    int n_lo = k / 8, r = k % 8, per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;
+    size_t packed = (count + per - 1) / per;
+    uint64_t limit = (uint64_t)ESCAPE << k; /* values >= limit escape (k <= 62: no overflow) */
+    size_t escapes = 0;
+    uint64_t top = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t x = stream_value(sb.buf, i, itemsize, kind);
+        if (x >= limit) {
+            escapes++;
+            uint64_t h = (x >> k) - ESCAPE;
+            if (h > top) top = h;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    int ew = escapes ? width_of(top) : 0;
+    size_t total = n_lo * count + packed + escapes * ew;
+    void *bufp;
+    PyObject *parts = buf_new(total, &bufp);
+    if (parts == NULL) goto done;
+    uint8_t *buf = bufp;
+    Py_BEGIN_ALLOW_THREADS;
+    uint8_t *lo = buf, *pk = buf + n_lo * count, *es = pk + packed;
+    memset(pk, 0, packed);
+    size_t e = 0;
+    uint64_t rmask = (1ull << r) - 1;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t x = stream_value(sb.buf, i, itemsize, kind);
+        for (int j = 0; j < n_lo; j++) lo[j * count + i] = (uint8_t)(x >> (8 * j));
+        uint64_t y = n_lo ? x >> (8 * n_lo) : x;
+        uint64_t sym = (y & rmask) | ((uint64_t)ESCAPE << r);
+        if (y < sym) sym = y;
+        pk[i >> pshift] |= (uint8_t)(sym << ((r + 2) * (i & (per - 1))));
+        if (escapes && x >= limit) {
+            uint64_t h = (x >> k) - ESCAPE;
+            for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));
+            e++;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    out = Py_BuildValue("(Onn)", parts, (Py_ssize_t)escapes, (Py_ssize_t)ew);
+    Py_DECREF(parts);
+done:
+    PyBuffer_Release(&sb);
+    return out;
+}
+
+/* Decoding one stream: symbols checked (padding, escape count), values assembled, escapes checked for overflow.
+ * Calls emit(i, x) per value in order; returns NULL or an error message. */
+typedef struct {
+    const uint8_t *buf;
+    size_t count;
+    int k, ew, bits;
+    size_t escapes;
+} Stream;
+
+static const char *stream_check(const Stream *s) {
+    int n_lo = s->k / 8, r = s->k % 8, per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;
+    size_t packed = (s->count + per - 1) / per;
+    const uint8_t *pk = s->buf + n_lo * s->count;
+    uint8_t smask = per == 1 ? 0xFF : (uint8_t)((1u << (r + 2)) - 1);
+    if (per > 1 && s->count % per) { /* padding after the last symbol */
+        unsigned used = (unsigned)((s->count % per) * (r + 2));
+        if (pk[packed - 1] >> used) return "non-zero padding after the last packed symbol";
+    }
+    size_t esc = 0;
+    for (size_t i = 0; i < s->count; i++) {
+        uint8_t sym = (uint8_t)((pk[i >> pshift] >> ((r + 2) * (i & (per - 1)))) & smask);
+        esc += r < 6 ? (sym >> r) == ESCAPE : sym >= (ESCAPE << r);
+    }
+    if (esc != s->escapes) return "stream's escape fields do not match its spec";
+    return NULL;
+}
+
+#define STREAM_DECODE(EMIT)                                                                                        \
+    do {                                                                                                           \
+        int n_lo = s->k / 8, r = s->k % 8, per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;           \
+        size_t packed = (s->count + per - 1) / per, e = 0;                                                         \
+        const uint8_t *lo = s->buf, *pk = s->buf + n_lo * s->count, *es = pk + packed;                             \
+        uint8_t smask = per == 1 ? 0xFF : (uint8_t)((1u << (r + 2)) - 1); /* one per byte: the whole byte */       \
+        for (size_t i = 0; i < s->count; i++) {                                                                    \
+            uint8_t sym = (uint8_t)((pk[i >> pshift] >> ((r + 2) * (i & (per - 1)))) & smask);                     \
+            uint64_t x = 0;                                                                                        \
+            for (int j = 0; j < n_lo; j++) x |= (uint64_t)lo[j * s->count + i] << (8 * j);                         \
+            int escaped = r < 6 ? (sym >> r) == ESCAPE : sym >= (ESCAPE << r);                                     \
+            if (escaped) {                                                                                         \
+                uint64_t h = 0;                                                                                    \
+                for (int j = 0; j < s->ew; j++) h |= (uint64_t)es[j * s->escapes + e] << (8 * j);                  \
+                e++;                                                                                               \
+                if (h > ~0ull - ESCAPE || (s->bits - s->k < 64 && h + ESCAPE >= (1ull << (s->bits - s->k)))) {     \
+                    err = "escaped value overflows the stream's integer width";                                    \
+                    break;                                                                                         \
+                }                                                                                                  \
+                x |= (((h + ESCAPE) << r) | (sym & ((1u << r) - 1))) << (8 * n_lo);                                \
+            } else {                                                                                               \
+                x |= (uint64_t)sym << (8 * n_lo);                                                                  \
+            }                                                                                                      \
+            EMIT                                                                                                   \
+        }                                                                                                          \
+    } while (0)
+
+static int parse_stream(Py_buffer *b, Py_ssize_t offset, Py_ssize_t count, int k, Py_ssize_t escapes, int ew,
+                        int bits, Stream *s) {
+    int n_lo = k / 8, r = k % 8;
+    if (k < 0 || k >= bits || r == 7 || count < 0 || escapes < 0 || escapes > count || offset < 0) goto bad;
+    if (!(ew == 0 || ew == 1 || ew == 2 || ew == 4 || ew == 8) || (ew == 0) != (escapes == 0)) goto bad;
+    int per = 8 / (r + 2);
+    size_t need = n_lo * (size_t)count + ((size_t)count + per - 1) / per + (size_t)escapes * ew;
+    if ((size_t)offset + need > (size_t)b->len) goto bad;
+    s->buf = (const uint8_t *)b->buf + offset;
+    s->count = (size_t)count;
+    s->k = k;
+    s->ew = ew;
+    s->bits = bits;
+    s->escapes = (size_t)escapes;
+    return 0;
+bad:
+    PyErr_SetString(CodecError, "stream spec does not fit its buffer");
+    return -1;
+}
+
+PyDoc_STRVAR(decode_positions_doc,
+             "decode_positions(raw, offset, count, k, escapes, escape_width, bits, limit) -> positions int64 Buf\n\n"
+             "Sorted positions from a gap stream (gaps - 1 of `bits`-bit integers), each checked to lie in "
+             "[0, limit).");
+
+static PyObject *py_decode_positions(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t offset, count, escapes, limit;
+    int k, ew, bits;
+    if (!PyArg_ParseTuple(args, "y*nniniin", &b, &offset, &count, &k, &escapes, &ew, &bits, &limit)) return NULL;
+    PyObject *out = NULL;
+    Stream st, *s = &st;
+    if (parse_stream(&b, offset, count, k, escapes, ew, bits, s)) goto done;
+    void *posp;
+    PyObject *ob = buf_new((size_t)count * 8, &posp);
+    if (ob == NULL) goto done;
+    int64_t *pos = posp;
+    const char *err = NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    err = stream_check(s);
+    if (err == NULL) {
+        uint64_t p = ~0ull, lim = (uint64_t)limit; /* p_(-1) = -1 */
+        STREAM_DECODE({
+            if (x >= lim || (p = p + x + 1) >= lim) {
+                err = "positions run past its elements";
+                break;
+            }
+            pos[i] = (int64_t)p;
+        });
+    }
+    Py_END_ALLOW_THREADS;
+    if (err) {
+        Py_DECREF(ob);
+        PyErr_SetString(CodecError, err);
+        goto done;
+    }
+    out = ob;
+done:
+    PyBuffer_Release(&b);
+    return out;
+}
+
+PyDoc_STRVAR(decode_diffs_doc,
+             "decode_diffs(raw, offset, count, k, escapes, escape_width, itemsize) -> differences Buf\n\nWrapped "
+             "differences from a value-code stream (codes zigzag(d) - 1 of itemsize bytes); a code that decodes "
+             "to a zero change is an error.");
+
+static PyObject *py_decode_diffs(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t offset, count, escapes;
+    int k, ew, itemsize;
+    if (!PyArg_ParseTuple(args, "y*nninii", &b, &offset, &count, &k, &escapes, &ew, &itemsize)) return NULL;
+    PyObject *out = NULL;
+    Stream st, *s = &st;
+    if (check_itemsize(itemsize) || parse_stream(&b, offset, count, k, escapes, ew, 8 * itemsize, s)) goto done;
+    void *difp;
+    PyObject *ob = buf_new((size_t)count * itemsize, &difp);
+    if (ob == NULL) goto done;
+    char *dif = difp;
+    const char *err = NULL;
+    int bits = 8 * itemsize;
+    uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+    Py_BEGIN_ALLOW_THREADS;
+    err = stream_check(s);
+    int table = s->k < 8 && s->escapes == 0; /* intcode.decode_values looks such codes up, no zero check */
+    if (err == NULL) {
+        STREAM_DECODE({
+            if (x == mask && !table) {
+                err = "a value code decodes to a zero change";
+                break;
+            }
+            uint64_t zz = (x + 1) & mask; /* wraps as the reference's table does */
+            uint64_t d = ((zz >> 1) ^ (zz & 1 ? mask : 0)) & mask;
+            store_item(dif, i, itemsize, d);
+        });
+    }
+    Py_END_ALLOW_THREADS;
+    if (err) {
+        Py_DECREF(ob);
+        PyErr_SetString(CodecError, err);
+        goto done;
+    }
+    out = ob;
+done:
+    PyBuffer_Release(&b);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ staged */
+PyDoc_STRVAR(stage_digests_doc,
+             "stage_digests(view, itemsize, positions, differences, new_out, chunk, want_base, want_result) -> "
+             "(base digest, result digest)\n\nOne chunked pass over a tensor's bits: the base digest of each chunk "
+             "as it is, then the chunk copied to a scratch buffer, its changed elements set to base + difference "
+             "(also written to new_out) and hashed (the result digest). Positions must be grouped by chunk in "
+             "chunk order and lie in the tensor. A digest not asked for is b''.");
+
+static PyObject *py_stage_digests(PyObject *self, PyObject *args) {
+    Py_buffer vb, pb, db, ob;
+    int itemsize, want_base, want_result;
+    Py_ssize_t chunk;
+    if (!PyArg_ParseTuple(args, "y*iy*y*w*npp", &vb, &itemsize, &pb, &db, &ob, &chunk, &want_base, &want_result))
+        return NULL;
+    PyObject *out = NULL;
+    XXH3_state_t *sb = XXH3_createState(), *sr = XXH3_createState();
+    char *scratch = NULL;
+    size_t scratch_cap = 0;
+    if (check_itemsize(itemsize)) goto done;
+    size_t n = (size_t)vb.len / itemsize, count = (size_t)pb.len / 8;
+    if (vb.len % itemsize || pb.len % 8 || (size_t)db.len != count * itemsize || (size_t)ob.len != count * itemsize ||
+        chunk <= 0) {
+        PyErr_SetString(PyExc_ValueError, "stage_digests: sizes do not fit");
+        goto done;
+    }
+    scratch = pool_get((size_t)chunk * itemsize, &scratch_cap);
+    if (sb == NULL || sr == NULL || scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    XXH3_128bits_reset(sb);
+    XXH3_128bits_reset(sr);
+    const char *view = vb.buf;
+    const int64_t *pos = pb.buf;
+    const char *dif = db.buf;
+    char *nv = ob.buf;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    if (count == 0 && want_base && want_result) { /* the same bytes: one digest serves both */
+        XXH3_128bits_update(sb, view, n * itemsize);
+        XXH3_128bits_update(sr, view, n * itemsize);
+    } else {
+        size_t j = 0;
+        for (size_t start = 0; start < n; start += (size_t)chunk) {
+            size_t end = n - start < (size_t)chunk ? n : start + (size_t)chunk, len = (end - start) * itemsize;
+            const char *part = view + start * itemsize;
+            if (want_base) XXH3_128bits_update(sb, part, len);
+            if (!want_result) continue;
+            size_t j0 = j;
+            while (j < count && pos[j] >= (int64_t)start && pos[j] < (int64_t)end) j++;
+            if (j == j0) {
+                XXH3_128bits_update(sr, part, len);
+                continue;
+            }
+            memcpy(scratch, part, len);
+            for (size_t t = j0; t < j; t++) {
+                size_t i = (size_t)pos[t] - start;
+                uint64_t v = load_item(part, i, itemsize) + load_item(dif, t, itemsize);
+                store_item(nv, t, itemsize, v);
+                store_item(scratch, i, itemsize, v);
+            }
+            XXH3_128bits_update(sr, scratch, len);
+        }
+        bad = want_result && j != count;
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(CodecError, "changed positions are not grouped by chunk within the tensor");
+        goto done;
+    }
+    PyObject *hb = want_base ? digest_bytes(sb) : PyBytes_FromStringAndSize(NULL, 0);
+    PyObject *hr = want_result ? digest_bytes(sr) : PyBytes_FromStringAndSize(NULL, 0);
+    if (hb && hr) out = PyTuple_Pack(2, hb, hr);
+    Py_XDECREF(hb);
+    Py_XDECREF(hr);
+done:
+    pool_put(scratch, scratch_cap);
+    XXH3_freeState(sb);
+    XXH3_freeState(sr);
+    PyBuffer_Release(&vb);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&db);
+    PyBuffer_Release(&ob);
+    return out;
+}
+
+PyDoc_STRVAR(scatter_doc, "scatter(view, itemsize, positions, values) -> None\n\nview[positions] = values.");
+
+static PyObject *py_scatter(PyObject *self, PyObject *args) {
+    Py_buffer vb, pb, nb;
+    int itemsize;
+    if (!PyArg_ParseTuple(args, "w*iy*y*", &vb, &itemsize, &pb, &nb)) return NULL;
+    PyObject *out = NULL;
+    if (check_itemsize(itemsize)) goto done;
+    size_t n = (size_t)vb.len / itemsize, count = (size_t)pb.len / 8;
+    if (pb.len % 8 || (size_t)nb.len != count * itemsize) {
+        PyErr_SetString(PyExc_ValueError, "scatter: sizes do not fit");
+        goto done;
+    }
+    const int64_t *pos = pb.buf;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t t = 0; t < count; t++) bad |= pos[t] < 0 || (size_t)pos[t] >= n;
+    if (!bad) {
+        switch (itemsize) {
+        case 1: for (size_t t = 0; t < count; t++) ((uint8_t *)vb.buf)[pos[t]] = ((const uint8_t *)nb.buf)[t]; break;
+        case 2: for (size_t t = 0; t < count; t++) ((uint16_t *)vb.buf)[pos[t]] = ((const uint16_t *)nb.buf)[t]; break;
+        case 4: for (size_t t = 0; t < count; t++) ((uint32_t *)vb.buf)[pos[t]] = ((const uint32_t *)nb.buf)[t]; break;
+        default: for (size_t t = 0; t < count; t++) ((uint64_t *)vb.buf)[pos[t]] = ((const uint64_t *)nb.buf)[t]; break;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(CodecError, "scatter: a position lies outside the tensor");
+        goto done;
+    }
+    out = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&vb);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&nb);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ classes */
+#define MAX_CLASSES 16
+
+typedef struct {
+    int itemsize, nb; /* nb: bounds (classes below the top) */
+    uint64_t mask, bounds[MAX_CLASSES];
+    uint8_t *lut; /* 16-bit floats: class of every magnitude */
+} Classes;
+
+static int classes_init(Classes *cl, int itemsize, unsigned long long mask, PyObject *bounds) {
+    cl->itemsize = itemsize;
+    cl->mask = mask;
+    cl->lut = NULL;
+    Py_ssize_t nb = PySequence_Size(bounds);
+    if (nb < 1 || nb >= MAX_CLASSES) {
+        PyErr_SetString(PyExc_ValueError, "classes: 1 to 15 bounds");
+        return -1;
+    }
+    cl->nb = (int)nb;
+    for (Py_ssize_t c = 0; c < nb; c++) {
+        PyObject *item = PySequence_GetItem(bounds, c);
+        if (item == NULL) return -1;
+        cl->bounds[c] = PyLong_AsUnsignedLongLong(item);
+        Py_DECREF(item);
+        if (PyErr_Occurred()) return -1;
+        if ((c && cl->bounds[c] <= cl->bounds[c - 1]) || cl->bounds[c] == 0 || cl->bounds[c] > mask) {
+            PyErr_SetString(PyExc_ValueError, "classes: bounds must increase within (0, mask]");
+            return -1;
+        }
+    }
+    if (itemsize == 2) {
+        cl->lut = malloc(1 << 16);
+        if (cl->lut == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        int c = 0;
+        for (uint32_t m = 0; m < (1u << 16); m++) {
+            while (c < cl->nb && m >= cl->bounds[c]) c++;
+            cl->lut[m] = (uint8_t)c;
+        }
+    }
+    return 0;
+}
+
+/* Class of magnitude m: the number of bounds <= m (nb: the top class). */
+static inline int class_of(const Classes *cl, uint64_t m) {
+    if (cl->lut) return cl->lut[m];
+    int c = 0;
+    while (c < cl->nb && m >= cl->bounds[c]) c++;
+    return c;
+}
+
+/* Calls BODY for every element i below the top bound, in order (m: its magnitude). 16-bit elements are tested four
+ * to a 64-bit word: per lane, (|x| + 0x8000 - top) sets the lane's top bit iff |x| >= top (no carry crosses
+ * lanes), so words whose four elements are all in the top class cost a few operations. */
+#define FOR_BELOW_TOP(BODY)                                                                                        \
+    do {                                                                                                           \
+        uint64_t top = cl->bounds[cl->nb - 1];                                                                     \
+        size_t i = 0;                                                                                              \
+        if (cl->itemsize == 2 && cl->mask == 0x7FFF) {                                                             \
+            const uint64_t lanes = 0x0001000100010001ull, low15 = 0x7FFFull * lanes, high1 = 0x8000ull * lanes;     \
+            const uint64_t offset = (0x8000ull - top) * lanes;                                                     \
+            const char *words = (const char *)base;                                                                \
+            size_t nw = n / 4;                                                                                     \
+            for (size_t w = 0; w < nw; w++) {                                                                      \
+                uint64_t below = ~(((load64(words + 8 * w) & low15) + offset)) & high1;                            \
+                while (below) {                                                                                    \
+                    int lane = __builtin_ctzll(below) >> 4;                                                        \
+                    below &= below - 1;                                                                            \
+                    i = w * 4 + lane;                                                                              \
+                    uint64_t m = ((const uint16_t *)base)[i] & 0x7FFF;                                             \
+                    BODY                                                                                           \
+                }                                                                                                  \
+            }                                                                                                      \
+            i = nw * 4;                                                                                            \
+        }                                                                                                          \
+        for (; i < n; i++) {                                                                                       \
+            uint64_t m = load_item(base, i, cl->itemsize) & cl->mask;                                              \
+            if (m >= top) continue;                                                                                \
+            BODY                                                                                                   \
+        }                                                                                                          \
+    } while (0)
+
+PyDoc_STRVAR(class_split_doc,
+             "class_split(base, itemsize, mask, bounds, positions, codes) -> (members, ranks, codes, top positions, "
+             "top codes)\n\nThe encoder's view of a segment's magnitude classes: per class below the top, its member "
+             "count, the member ranks of its changed elements (int64 Bufs) and their value codes; the top class's "
+             "changed positions (flat) and codes. positions: sorted changed positions; codes: their value codes "
+             "(itemsize bytes each).");
+
+static PyObject *py_class_split(PyObject *self, PyObject *args) {
+    Py_buffer bb, pb, cb;
+    int itemsize;
+    unsigned long long mask;
+    PyObject *bounds, *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*iKOy*y*", &bb, &itemsize, &mask, &bounds, &pb, &cb)) return NULL;
+    Classes clv, *cl = &clv;
+    clv.lut = NULL;
+    Vec ranks[MAX_CLASSES], codes[MAX_CLASSES];
+    memset(ranks, 0, sizeof ranks);
+    memset(codes, 0, sizeof codes);
+    if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds)) goto done;
+    size_t n = (size_t)bb.len / itemsize, count = (size_t)pb.len / 8;
+    if ((size_t)cb.len != count * itemsize) {
+        PyErr_SetString(PyExc_ValueError, "class_split: positions and codes differ in length");
+        goto done;
+    }
+    for (int c = 0; c <= cl->nb; c++) {
+        ranks[c].item = 8;
+        codes[c].item = itemsize;
+    }
+    size_t cnt[MAX_CLASSES] = {0};
+    const void *base = bb.buf;
+    const int64_t *pos = pb.buf;
+    const char *code = cb.buf;
+    int failed = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    size_t j = 0, nb = (size_t)cl->nb;
+#define EMIT(C, R)                                                                                                 \
+    if (vec_reserve(&ranks[C], 1) || vec_reserve(&codes[C], 1)) {                                                  \
+        failed = 1;                                                                                                \
+        goto split_done;                                                                                           \
+    }                                                                                                              \
+    ((int64_t *)ranks[C].data)[ranks[C].len++] = (int64_t)(R);                                                     \
+    store_item(codes[C].data, codes[C].len++, itemsize, load_item(code, j, itemsize));
+    {
+        FOR_BELOW_TOP({
+            int c = class_of(cl, m);
+            size_t r = cnt[c]++;
+            while (j < count && (size_t)pos[j] < i) { /* changes in the top class before i */
+                EMIT(nb, pos[j]);
+                j++;
+            }
+            if (j < count && (size_t)pos[j] == i) {
+                EMIT(c, r);
+                j++;
+            }
+        });
+        for (; j < count; j++) {
+            EMIT(nb, pos[j]);
+        }
+    }
+split_done:;
+#undef EMIT
+    Py_END_ALLOW_THREADS;
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *members = PyList_New(cl->nb), *rl = PyList_New(cl->nb), *cl_codes = PyList_New(cl->nb);
+    if (members && rl && cl_codes) {
+        int ok = 1;
+        for (int c = 0; c < cl->nb && ok; c++) {
+            PyObject *m = PyLong_FromSize_t(cnt[c]), *r = vec_to_buf(&ranks[c]), *x = vec_to_buf(&codes[c]);
+            ok = m && r && x;
+            PyList_SET_ITEM(members, c, m ? m : Py_NewRef(Py_None));
+            PyList_SET_ITEM(rl, c, r ? r : Py_NewRef(Py_None));
+            PyList_SET_ITEM(cl_codes, c, x ? x : Py_NewRef(Py_None));
+        }
+        PyObject *tp = ok ? vec_to_buf(&ranks[cl->nb]) : NULL, *tc = ok ? vec_to_buf(&codes[cl->nb]) : NULL;
+        if (tp && tc) out = PyTuple_Pack(5, members, rl, cl_codes, tp, tc);
+        Py_XDECREF(tp);
+        Py_XDECREF(tc);
+    }
+    Py_XDECREF(members);
+    Py_XDECREF(rl);
+    Py_XDECREF(cl_codes);
+done:
+    for (int c = 0; c < MAX_CLASSES; c++) {
+        vec_free(&ranks[c]);
+        vec_free(&codes[c]);
+    }
+    free(clv.lut);
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&cb);
+    return out;
+}
+
+PyDoc_STRVAR(class_merge_doc,
+             "class_merge(base, itemsize, mask, bounds, members, ranks, diffs, top_positions, top_diffs) -> "
+             "(positions int64 Buf, differences Buf)\n\nThe decoder's view: the changed members of every class "
+             "below the top (sorted ranks < members, with their differences) and the top class's changes (sorted "
+             "flat positions) merged into one sorted run of positions. Checked: every class has the member count "
+             "the header gives, every top-class position is a top-class member.");
+
+static PyObject *py_class_merge(PyObject *self, PyObject *args) {
+    Py_buffer bb, tpb, tdb;
+    int itemsize;
+    unsigned long long mask;
+    PyObject *bounds, *members, *ranks_l, *diffs_l, *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*iKOOOOy*y*", &bb, &itemsize, &mask, &bounds, &members, &ranks_l, &diffs_l, &tpb,
+                          &tdb))
+        return NULL;
+    Classes clv, *cl = &clv;
+    clv.lut = NULL;
+    Py_buffer rb[MAX_CLASSES], db[MAX_CLASSES];
+    int held = 0;
+    char *opos = NULL, *odif = NULL;
+    PyObject *pbuf = NULL, *dbuf = NULL;
+    if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds)) goto done;
+    if (PySequence_Size(members) != cl->nb || PySequence_Size(ranks_l) != cl->nb || PySequence_Size(diffs_l) != cl->nb) {
+        PyErr_SetString(PyExc_ValueError, "class_merge: one member count, rank and difference array per class");
+        goto done;
+    }
+    size_t want[MAX_CLASSES], cnt[MAX_CLASSES] = {0}, nxt[MAX_CLASSES] = {0}, nch[MAX_CLASSES];
+    const int64_t *rk[MAX_CLASSES];
+    const char *df[MAX_CLASSES];
+    size_t total = (size_t)tpb.len / 8;
+    if ((size_t)tdb.len != total * itemsize) {
+        PyErr_SetString(PyExc_ValueError, "class_merge: top positions and differences differ in length");
+        goto done;
+    }
+    for (int c = 0; c < cl->nb; c++) {
+        PyObject *m = PySequence_GetItem(members, c), *r = PySequence_GetItem(ranks_l, c),
+                 *d = PySequence_GetItem(diffs_l, c);
+        int ok = m && r && d;
+        if (ok) want[c] = PyLong_AsSize_t(m);
+        ok = ok && !PyErr_Occurred() && PyObject_GetBuffer(r, &rb[c], PyBUF_SIMPLE) == 0;
+        if (ok && PyObject_GetBuffer(d, &db[c], PyBUF_SIMPLE) != 0) {
+            PyBuffer_Release(&rb[c]);
+            ok = 0;
+        }
+        Py_XDECREF(m);
+        Py_XDECREF(r);
+        Py_XDECREF(d);
+        if (!ok) goto done;
+        held++;
+        nch[c] = (size_t)rb[c].len / 8;
+        if (rb[c].len % 8 || (size_t)db[c].len != nch[c] * itemsize) {
+            PyErr_SetString(PyExc_ValueError, "class_merge: ranks and differences differ in length");
+            goto done;
+        }
+        rk[c] = rb[c].buf;
+        df[c] = db[c].buf;
+        total += nch[c];
+    }
+    void *op, *od;
+    pbuf = buf_new(total * 8, &op);
+    dbuf = pbuf ? buf_new(total * itemsize, &od) : NULL;
+    if (dbuf == NULL) goto done;
+    opos = op;
+    odif = od;
+    size_t n = (size_t)bb.len / itemsize, ntop = (size_t)tpb.len / 8, t = 0, o = 0;
+    const void *base = bb.buf;
+    const int64_t *tpos = tpb.buf;
+    const char *tdif = tdb.buf;
+    const char *err = NULL;
+    uint64_t topb = cl->bounds[cl->nb - 1];
+    Py_BEGIN_ALLOW_THREADS;
+#define TOP_BEFORE(LIMIT)                                                                                          \
+    while (t < ntop && (size_t)tpos[t] < (LIMIT)) {                                                                \
+        if ((size_t)tpos[t] >= n || (load_item(base, tpos[t], itemsize) & cl->mask) < topb) {                      \
+            err = "a top-class position is not in the top class";                                                  \
+            break;                                                                                                 \
+        }                                                                                                          \
+        ((int64_t *)opos)[o] = tpos[t];                                                                            \
+        store_item(odif, o++, itemsize, load_item(tdif, t, itemsize));                                            \
+        t++;                                                                                                       \
+    }
+    FOR_BELOW_TOP({
+        int c = class_of(cl, m);
+        size_t r = cnt[c]++;
+        if (nxt[c] < nch[c] && (size_t)rk[c][nxt[c]] == r) {
+            TOP_BEFORE(i);
+            if (err) goto merge_done;
+            ((int64_t *)opos)[o] = (int64_t)i;
+            store_item(odif, o++, itemsize, load_item(df[c], nxt[c], itemsize));
+            nxt[c]++;
+        }
+    });
+    TOP_BEFORE(SIZE_MAX);
+merge_done:
+    if (err == NULL && t < ntop) err = "a top-class position is not in the top class";
+    for (int c = 0; c < cl->nb && err == NULL; c++)
+        if (cnt[c] != want[c]) err = "a class's member count differs from the header's";
+        else if (nxt[c] != nch[c]) err = "a class's change ranks are not sorted members";
+#undef TOP_BEFORE
+    Py_END_ALLOW_THREADS;
+    if (err) {
+        PyErr_SetString(CodecError, err);
+        goto done;
+    }
+    out = PyTuple_Pack(2, pbuf, dbuf);
+done:
+    for (int c = 0; c < held; c++) {
+        PyBuffer_Release(&rb[c]);
+        PyBuffer_Release(&db[c]);
+    }
+    Py_XDECREF(pbuf);
+    Py_XDECREF(dbuf);
+    free(clv.lut);
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&tpb);
+    PyBuffer_Release(&tdb);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ bit fields */
+PyDoc_STRVAR(bitmap_ranks_doc,
+             "bitmap_ranks(raw, offset, n, count) -> ranks int64 Buf\n\nThe set bits of an n-bit field (least "
+             "significant bit first); the padding must be zero and `count` bits set.");
+
+static PyObject *py_bitmap_ranks(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t offset, n, count;
+    if (!PyArg_ParseTuple(args, "y*nnn", &b, &offset, &n, &count)) return NULL;
+    PyObject *out = NULL;
+    size_t nbytes = ((size_t)n + 7) / 8;
+    if (offset < 0 || n < 0 || count < 0 || count > n || (size_t)offset + nbytes > (size_t)b.len) {
+        PyErr_SetString(CodecError, "bit field does not fit its buffer");
+        goto done;
+    }
+    void *rp;
+    PyObject *ob = buf_new((size_t)count * 8, &rp);
+    if (ob == NULL) goto done;
+    int64_t *ranks = rp;
+    const uint8_t *bits = (const uint8_t *)b.buf + offset;
+    const char *err = NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (n % 8 && bits[nbytes - 1] >> (n % 8)) err = "non-zero padding after a bit field";
+    size_t k = 0;
+    for (size_t i = 0; i < nbytes / 8 * 8 && err == NULL; i += 8) {
+        uint64_t w;
+        memcpy(&w, bits + i, 8); /* little-endian hosts: bit j of the word is element i * 8 + j */
+        while (w) {
+            if (k == (size_t)count) {
+                err = "bit field has more changes than its header says";
+                break;
+            }
+            ranks[k++] = (int64_t)(i * 8 + __builtin_ctzll(w));
+            w &= w - 1;
+        }
+    }
+    for (size_t i = nbytes / 8 * 8; i < nbytes && err == NULL; i++)
+        for (int j = 0; j < 8; j++)
+            if (bits[i] >> j & 1) {
+                if (k == (size_t)count) {
+                    err = "bit field has more changes than its header says";
+                    break;
+                }
+                ranks[k++] = (int64_t)(i * 8 + j);
+            }
+    if (err == NULL && k != (size_t)count) err = "bit field has fewer changes than its header says";
+    Py_END_ALLOW_THREADS;
+    if (err) {
+        Py_DECREF(ob);
+        PyErr_SetString(CodecError, err);
+        goto done;
+    }
+    out = ob;
+done:
+    PyBuffer_Release(&b);
+    return out;
+}
+
+PyDoc_STRVAR(ranks_bitmap_doc, "ranks_bitmap(ranks, n) -> bytes\n\nAn n-bit field (least significant bit first) "
+                               "with the bits of the sorted int64 ranks set.");
+
+static PyObject *py_ranks_bitmap(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*n", &b, &n)) return NULL;
+    PyObject *out = NULL;
+    if (n < 0 || b.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "ranks_bitmap: bad arguments");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+    if (out == NULL) goto done;
+    uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(out);
+    const int64_t *ranks = b.buf;
+    size_t count = (size_t)b.len / 8;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    memset(bits, 0, (n + 7) / 8);
+    for (size_t k = 0; k < count; k++) {
+        if (ranks[k] < 0 || ranks[k] >= n) {
+            bad = 1;
+            break;
+        }
+        bits[ranks[k] >> 3] |= (uint8_t)(1u << (ranks[k] & 7));
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        Py_CLEAR(out);
+        PyErr_SetString(PyExc_ValueError, "ranks_bitmap: a rank lies outside the field");
+    }
+done:
+    PyBuffer_Release(&b);
+    return out;
+}
+
+PyDoc_STRVAR(empty_doc, "empty(nbytes) -> Buf\n\nAn uninitialised block from the pool (output arrays of callers).");
+
+static PyObject *py_empty(PyObject *self, PyObject *args) {
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "n", &nbytes)) return NULL;
+    if (nbytes < 0) return PyErr_Format(PyExc_ValueError, "empty: negative size");
+    void *data;
+    return buf_new((size_t)nbytes, &data);
+}
+
+PyDoc_STRVAR(set_pool_limit_doc, "set_pool_limit(nbytes) -> previous limit\n\nMost bytes of freed blocks the pool keeps.");
+
+static PyObject *py_set_pool_limit(PyObject *self, PyObject *args) {
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "n", &limit)) return NULL;
+    if (limit < 0) return PyErr_Format(PyExc_ValueError, "set_pool_limit: negative size");
+    pthread_mutex_lock(&pool_lock);
+    size_t before = pool_limit;
+    pool_limit = (size_t)limit;
+    for (int c = POOL_CLASSES - 1; c >= 0 && pool_bytes > pool_limit; c--)
+        while (pool_head[c] != NULL && pool_bytes > pool_limit) {
+            void *p = pool_head[c];
+            pool_head[c] = *(void **)p;
+            pool_bytes -= (size_t)1 << c;
+            free(p);
+        }
+    pthread_mutex_unlock(&pool_lock);
+    return PyLong_FromSize_t(before);
+}
+
+/* ------------------------------------------------------------------------------------------------ module */
+static PyMethodDef methods[] = {
+    {"scan", py_scan, METH_VARARGS, scan_doc},
+    {"encode_uints", py_encode_uints, METH_VARARGS, encode_uints_doc},
+    {"decode_positions", py_decode_positions, METH_VARARGS, decode_positions_doc},
+    {"decode_diffs", py_decode_diffs, METH_VARARGS, decode_diffs_doc},
+    {"stage_digests", py_stage_digests, METH_VARARGS, stage_digests_doc},
+    {"scatter", py_scatter, METH_VARARGS, scatter_doc},
+    {"class_split", py_class_split, METH_VARARGS, class_split_doc},
+    {"class_merge", py_class_merge, METH_VARARGS, class_merge_doc},
+    {"bitmap_ranks", py_bitmap_ranks, METH_VARARGS, bitmap_ranks_doc},
+    {"ranks_bitmap", py_ranks_bitmap, METH_VARARGS, ranks_bitmap_doc},
+    {"empty", py_empty, METH_VARARGS, empty_doc},
+    {"set_pool_limit", py_set_pool_limit, METH_VARARGS, set_pool_limit_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pulse", "Compiled kernels of the PULSE codec.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__pulse(void) {
+    if (PyType_Ready(&BufType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    CodecError = PyErr_NewException("heterorl.weights.native._pulse.CodecError", PyExc_ValueError, NULL);
+    if (CodecError == NULL || PyModule_AddObjectRef(m, "CodecError", CodecError) < 0 ||
+        PyModule_AddObjectRef(m, "Buf", (PyObject *)&BufType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
