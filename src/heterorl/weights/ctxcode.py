@@ -46,7 +46,7 @@ from heterorl.weights.intcode import (
     decode_uints,
     decode_values,
     decompress_exact,
-    encode_chosen,
+    encode_stream,
     encode_uints,
     uint_for,
     zigzag_minus_one,
@@ -245,14 +245,14 @@ def _encode_ranks(ranks_C: np.ndarray, members: int, codes_C: np.ndarray, parts:
         parts.append(native.ranks_bitmap(ranks_C, members))
         pos_mode = "bitmap"
     else:
-        gap_spec, gap_parts = encode_chosen(ranks_C, native.GAPS, np.dtype(uint_for(members)).itemsize * 8)
+        gap_spec, gap_parts = encode_stream(ranks_C, native.GAPS, None, np.dtype(uint_for(members)).itemsize * 8)
         parts.extend(gap_parts)
         pos_mode = "gaps"
     if int(codes_C.max()) <= 1:
         parts.append(np.packbits(codes_C.astype(np.bool_), bitorder="little"))
         val_mode = "bits"
     else:
-        value_spec, value_parts = encode_chosen(codes_C, native.VALUES, codes_C.itemsize * 8)
+        value_spec, value_parts = encode_stream(codes_C, native.VALUES, None, codes_C.itemsize * 8)
         parts.extend(value_parts)
         val_mode = "int"
     return ClassSpec(count, members, pos_mode, gap_spec, val_mode, value_spec)

@@ -223,22 +223,22 @@ def encode_uints(x_N: np.ndarray, k: int | None = None) -> tuple[StreamSpec, lis
     return StreamSpec(k, 0, 0), parts
 
 
-def encode_stream(src: np.ndarray, kind: int, k: int) -> tuple[StreamSpec, list[np.ndarray]]:
-    """`encode_uints` with a given k by the compiled kernel (the same parts): `kind` native.VALUES (src holds the
-    values), native.GAPS (src: sorted int64 positions, the values are their gaps - 1) or native.CODES (src:
-    wrapped differences, the values are their value codes)."""
-    buf, escapes, width = native.encode_uints(src, kind, k)
-    spec = StreamSpec(k, escapes, width)
+def encode_stream(src: np.ndarray, kind: int, k: int | None, bits: int = 64) -> tuple[StreamSpec, list[np.ndarray]]:
+    """`encode_uints` by the compiled kernel (the same parts): `kind` native.VALUES (src holds the values),
+    native.GAPS (src: sorted int64 positions, the values are their gaps - 1) or native.CODES (src: wrapped
+    differences, the values are their value codes). k None: chosen as `choose_k` chooses it for a stream of
+    `bits`-bit integers (in C; the numpy reference decides when C's rounding could pick another candidate)."""
+    buf, escapes, width, chosen, close = native.encode_uints(src, kind, -1 if k is None else k, bits)
+    if close:
+        stream_sample = gap_sample(src, UINT[bits // 8]) if kind == native.GAPS else sample(src)
+        if kind == native.CODES:
+            stream_sample = zigzag_minus_one(stream_sample)
+        reference_k = choose_k_sample(stream_sample, bits)
+        if reference_k != chosen:
+            buf, escapes, width, chosen, _ = native.encode_uints(src, kind, reference_k, bits)
+    spec = StreamSpec(chosen, escapes, width)
     sizes = np.cumsum([0, *spec.part_sizes(src.size)]).tolist()
     return spec, [buf[a:b] for a, b in itertools.pairwise(sizes)]
-
-
-def encode_chosen(src: np.ndarray, kind: int, bits: int) -> tuple[StreamSpec, list[np.ndarray]]:
-    """`encode_stream` with k chosen as `choose_k` chooses it for the stream of `bits`-bit integers."""
-    stream_sample = gap_sample(src, UINT[bits // 8]) if kind == native.GAPS else sample(src)
-    if kind == native.CODES:
-        stream_sample = zigzag_minus_one(stream_sample)
-    return encode_stream(src, kind, choose_k_sample(stream_sample, bits) if src.size else 0)
 
 
 def gap_sample(pos_K: np.ndarray, dtype: type[np.unsignedinteger]) -> np.ndarray:
@@ -250,11 +250,6 @@ def gap_sample(pos_K: np.ndarray, dtype: type[np.unsignedinteger]) -> np.ndarray
     else:
         gaps_S -= np.take(pos_K, idx - 1) + 1
     return gaps_S.astype(dtype)
-
-
-def code_sample(delta_K: np.ndarray) -> np.ndarray:
-    """`sample` of the value-code stream of wrapped differences."""
-    return zigzag_minus_one(sample(delta_K))
 
 
 def _unpack_tables() -> dict[int, np.ndarray]:

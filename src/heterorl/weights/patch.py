@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from heterorl.weights import ctxpatch, hashing, native, plain, staged
+from heterorl.weights import ctxpatch, hashing, plain, staged
 from heterorl.weights.diffscan import int_view, scan, scan_device
 from heterorl.weights.format import (
     CTX_FORMAT_VERSION,
@@ -48,7 +48,6 @@ from heterorl.weights.format import (
     writable_bits_view,
 )
 from heterorl.weights.intcode import zigzag_minus_one
-from heterorl.weights.splitpoint import choose_ks_samples
 
 Blobish = bytes | bytearray | memoryview
 DEVICE_PATH_ON_CPU = False  # tests set it to run the accelerator encode path (torch ops) on CPU tensors
@@ -222,13 +221,8 @@ def encode_versions(
         base_bits = [_base_bits(base[n]) for n in names]
         v2 = _assemble_v2(layouts, base_bits, changes, (base_hash, new_hash), versions, level, workers)
     if FORMAT_VERSION in formats:
-        ks: list[tuple[int, int] | None] = [None] * len(names)
-        if native.enabled():  # every stream's split point priced at once (per stream, Python overhead dominates)
-            per_tensor = [plain.samples(*changes[i], numels[i]) for i in range(len(names))]
-            flat = choose_ks_samples([s for p in per_tensor for s in p[0]], [b for p in per_tensor for b in p[1]])
-            ks = [(flat[2 * i], flat[2 * i + 1]) for i in range(len(names))]
         results = parallel_map(
-            lambda i: plain.encode_tensor(*changes[i], numels[i], level, ks[i]), list(range(len(names))), workers
+            lambda i: plain.encode_tensor(*changes[i], numels[i], level), list(range(len(names))), workers
         )
         v1 = _assemble(layouts, results, (base_hash, new_hash), versions, FORMAT_VERSION)
     return Encoded(v1, v2, base_hash, new_hash, changed, estimate, False)

@@ -19,15 +19,12 @@ from heterorl.weights import native
 from heterorl.weights.format import UINT, PatchError, TensorMeta, get_int
 from heterorl.weights.intcode import (
     StreamSpec,
-    choose_k_sample,
-    code_sample,
     compress_parts,
     decode_uints,
     decode_values,
     decompress_exact,
     encode_stream,
     encode_uints,
-    gap_sample,
     uint_for,
     zigzag_minus_one,
 )
@@ -52,14 +49,10 @@ def encode_tensor(
 ) -> tuple[dict[str, Any], bytes]:
     """Gap + value streams of one tensor -> (header fields, zstd frame). `ks`: the streams' split points when the
     caller chose them already (`samples` + `splitpoint.choose_ks_samples`), else `choose_k` picks them."""
-    if native.enabled():
-        if ks is None:
-            chosen = [
-                choose_k_sample(s, b) if s.size else 0 for s, b in zip(*samples(pos_K, delta_K, numel), strict=True)
-            ]
-            ks = (chosen[0], chosen[1])
-        gap_spec, gap_parts = encode_stream(pos_K, native.GAPS, ks[0])
-        value_spec, value_parts = encode_stream(delta_K, native.CODES, ks[1])
+    if native.enabled():  # k chosen in C unless given (the same choice)
+        k_gaps, k_values = (None, None) if ks is None else ks
+        gap_spec, gap_parts = encode_stream(pos_K, native.GAPS, k_gaps, np.dtype(uint_for(numel)).itemsize * 8)
+        value_spec, value_parts = encode_stream(delta_K, native.CODES, k_values, delta_K.itemsize * 8)
     else:
         k_gaps, k_values = (None, None) if ks is None else ks
         gap_spec, gap_parts = encode_uints(gaps(pos_K, uint_for(numel)), k_gaps)
@@ -72,17 +65,6 @@ def encode_tensor(
         "raw_nbytes": sum(p.nbytes for p in parts),
     }
     return fields, compress_parts(parts, level)
-
-
-def samples(pos_K: np.ndarray, delta_K: np.ndarray, numel: int) -> tuple[list[np.ndarray], list[int]]:
-    """The samples `choose_k` prices a tensor's gap and value streams by, and the streams' widths in bits."""
-    if pos_K.size == 0:
-        return [pos_K[:0], pos_K[:0]], [32, 32]
-    gap_dtype = uint_for(numel)
-    return [gap_sample(pos_K, gap_dtype), code_sample(delta_K)], [
-        np.dtype(gap_dtype).itemsize * 8,
-        delta_K.itemsize * 8,
-    ]
 
 
 def gaps(pos_K: np.ndarray, dtype: type[np.unsignedinteger]) -> np.ndarray:

@@ -71,10 +71,11 @@ def scan(base_U: np.ndarray, new_U: np.ndarray, hash_base: bool, hash_new: bool)
 GAPS, VALUES, CODES = 1, 0, 2  # encode_uints kinds: gaps of int64 positions, the values themselves, value codes
 
 
-def encode_uints(src: np.ndarray, kind: int, k: int) -> tuple[np.ndarray, int, int]:
-    """intcode.encode_uints's parts, concatenated (see pulse.c), the escape count and width."""
-    parts, escapes, width = _pulse.encode_uints(src, src.itemsize, kind, k)
-    return _array(parts, np.uint8), escapes, width
+def encode_uints(src: np.ndarray, kind: int, k: int, bits: int = 64) -> tuple[np.ndarray, int, int, int, bool]:
+    """intcode.encode_uints's parts, concatenated (see pulse.c), the escape count and width, the split point (k = -1:
+    chosen for a stream of `bits`-bit integers) and whether that choice was too close to call in C's arithmetic."""
+    parts, escapes, width, k, close = _pulse.encode_uints(src, src.itemsize, kind, k, bits)
+    return _array(parts, np.uint8), escapes, width, k, bool(close)
 
 
 def decode_positions(raw: np.ndarray, offset: int, count: int, spec, bits: int, limit: int, what: str) -> np.ndarray:  # type: ignore[no-untyped-def]

@@ -359,25 +359,93 @@ static inline uint64_t stream_value(const void *src, size_t i, int itemsize, int
     return v;
 }
 
+/* intcode.choose_k on the stream's strided sample (SAMPLE elements): the candidates around log2 of the sample's
+ * median, each priced as 8 bits per lo byte + the entropy of its symbols + its escape bytes. The float sums run in
+ * another order than numpy's, so costs can differ from the reference's in the last bits: when another candidate
+ * lies within REFINE bits of the best, *close is set and the caller lets the reference decide. */
+#define SAMPLE 2048
+#define REFINE 1e-9
+#include <math.h>
+
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int choose_k(const void *src, size_t count, int itemsize, int kind, int bits, int *close) {
+    *close = 0;
+    if (count == 0) return 0;
+    size_t step = count / SAMPLE > 1 ? count / SAMPLE : 1, total = (count + step - 1) / step;
+    uint64_t xs[SAMPLE * 2 + 2];
+    uint64_t top = 0;
+    for (size_t t = 0; t < total; t++) {
+        xs[t] = stream_value(src, t * step, itemsize, kind);
+        if (xs[t] > top) top = xs[t];
+    }
+    uint64_t sorted[SAMPLE * 2 + 2];
+    memcpy(sorted, xs, total * 8);
+    qsort(sorted, total, 8, cmp_u64);
+    uint64_t median = sorted[total / 2];
+    int center = median ? 64 - __builtin_clzll(median) : 0;
+    int lo = center - 2 > 0 ? center - 2 : 0, hi = center + 1 < bits - 1 ? center + 1 : bits - 1;
+    double best = INFINITY, costs[8];
+    int best_k = 0, ks[8], nk = 0;
+    for (int k = lo; k <= hi; k++) {
+        if (k % 8 == 7) continue;
+        int n_lo = k / 8, r = k % 8;
+        uint64_t rmask = (1ull << r) - 1, limit = (uint64_t)ESCAPE << k;
+        size_t hist[256] = {0}, escaped = 0;
+        for (size_t t = 0; t < total; t++) {
+            uint64_t y = n_lo ? xs[t] >> (8 * n_lo) : xs[t], sym = (y & rmask) | ((uint64_t)ESCAPE << r);
+            hist[y < sym ? y : sym]++;
+            escaped += xs[t] >= limit;
+        }
+        double entropy = 0.0;
+        for (int v = 0; v < 256; v++)
+            if (hist[v]) {
+                double q = (double)hist[v] / (double)total;
+                entropy -= q * log2(q);
+            }
+        int esc_bytes = escaped ? width_of((top >> k) - ESCAPE) : 0;
+        double cost = 8.0 * n_lo + entropy + 8.0 * esc_bytes * (double)escaped / (double)total;
+        ks[nk] = k;
+        costs[nk++] = cost;
+        if (cost < best) {
+            best = cost;
+            best_k = k;
+        }
+    }
+    for (int i = 0; i < nk; i++)
+        if (ks[i] != best_k && fabs(costs[i] - best) <= REFINE) *close = 1;
+    return best_k;
+}
+
 PyDoc_STRVAR(encode_uints_doc,
-             "encode_uints(src, itemsize, kind, k) -> (parts Buf, escapes, escape_width)\n\nintcode.encode_uints's "
+             "encode_uints(src, itemsize, kind, k, bits=64) -> (parts Buf, escapes, escape_width, k, close)\n\n"
+             "intcode.encode_uints's "
              "parts, concatenated: k // 8 lo byte planes, (k % 8 + 2)-bit symbols packed least significant first, "
              "escape planes. kind 0: src holds the values (itemsize bytes each); 1: src holds sorted int64 "
              "positions and the values are their gaps - 1; 2: src holds wrapped differences and the values are "
-             "their codes zigzag(d) - 1.");
+             "their codes zigzag(d) - 1. k = -1: chosen as intcode.choose_k chooses it for a stream of `bits`-bit "
+             "integers (close: another candidate's cost is within rounding of it, let the reference decide).");
 
 static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     Py_buffer sb;
-    int itemsize, kind, k;
-    if (!PyArg_ParseTuple(args, "y*iii", &sb, &itemsize, &kind, &k)) return NULL;
+    int itemsize, kind, k, bits = 64, close = 0;
+    if (!PyArg_ParseTuple(args, "y*iii|i", &sb, &itemsize, &kind, &k, &bits)) return NULL;
     PyObject *out = NULL;
     if (check_itemsize(kind == 1 ? 8 : itemsize)) goto done;
     int isz = kind == 1 ? 8 : itemsize;
-    if (sb.len % isz || k < 0 || k >= 64 || k % 8 == 7 || kind < 0 || kind > 2) {
+    if (sb.len % isz || k < -1 || k >= 64 || k % 8 == 7 || kind < 0 || kind > 2 || bits < 1 || bits > 64) {
         PyErr_SetString(PyExc_ValueError, "encode_uints: bad arguments");
         goto done;
     }
     size_t count = (size_t)sb.len / isz;
+    if (k < 0) {
+        Py_BEGIN_ALLOW_THREADS;
+        k = choose_k(sb.buf, count, itemsize, kind, bits, &close);
+        Py_END_ALLOW_THREADS;
+    }
     int n_lo = k / 8, r = k % 8, per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;
     size_t packed = (count + per - 1) / per;
     uint64_t limit = (uint64_t)ESCAPE << k; /* values >= limit escape (k <= 62: no overflow) */
@@ -418,7 +486,7 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS;
-    out = Py_BuildValue("(Onn)", parts, (Py_ssize_t)escapes, (Py_ssize_t)ew);
+    out = Py_BuildValue("(Onnii)", parts, (Py_ssize_t)escapes, (Py_ssize_t)ew, k, close);
     Py_DECREF(parts);
 done:
     PyBuffer_Release(&sb);
@@ -764,36 +832,50 @@ static inline int class_of(const Classes *cl, uint64_t m) {
     return c;
 }
 
-/* Calls BODY for every element i below the top bound, in order (m: its magnitude). 16-bit elements are tested four
- * to a 64-bit word: per lane, (|x| + 0x8000 - top) sets the lane's top bit iff |x| >= top (no carry crosses
- * lanes), so words whose four elements are all in the top class cost a few operations. */
-#define FOR_BELOW_TOP(BODY)                                                                                        \
-    do {                                                                                                           \
-        uint64_t top = cl->bounds[cl->nb - 1];                                                                     \
-        size_t i = 0;                                                                                              \
-        if (cl->itemsize == 2 && cl->mask == 0x7FFF) {                                                             \
-            const uint64_t lanes = 0x0001000100010001ull, low15 = 0x7FFFull * lanes, high1 = 0x8000ull * lanes;     \
-            const uint64_t offset = (0x8000ull - top) * lanes;                                                     \
-            const char *words = (const char *)base;                                                                \
-            size_t nw = n / 4;                                                                                     \
-            for (size_t w = 0; w < nw; w++) {                                                                      \
-                uint64_t below = ~(((load64(words + 8 * w) & low15) + offset)) & high1;                            \
-                while (below) {                                                                                    \
-                    int lane = __builtin_ctzll(below) >> 4;                                                        \
-                    below &= below - 1;                                                                            \
-                    i = w * 4 + lane;                                                                              \
-                    uint64_t m = ((const uint16_t *)base)[i] & 0x7FFF;                                             \
-                    BODY                                                                                           \
-                }                                                                                                  \
-            }                                                                                                      \
-            i = nw * 4;                                                                                            \
-        }                                                                                                          \
-        for (; i < n; i++) {                                                                                       \
-            uint64_t m = load_item(base, i, cl->itemsize) & cl->mask;                                              \
-            if (m >= top) continue;                                                                                \
-            BODY                                                                                                   \
-        }                                                                                                          \
-    } while (0)
+#define BLOCK 4096 /* elements enumerated per step into an L1-resident buffer */
+
+/* Offsets from `start` of the positions in [start, start + len) (len <= BLOCK) whose magnitude is below the top
+ * bound, ascending, into out (capacity len + 4); returns how many. 16-bit elements are tested four to a 64-bit
+ * word: per lane, (|x| + 0x8000 - top) sets the lane's top bit iff |x| >= top (no carry crosses lanes); the four
+ * flags are gathered into a 4-bit index by one multiplication, and a table gives the offsets of its lanes packed
+ * into one 64-bit store, so a word costs a few operations and no data-dependent branch. */
+static uint64_t lane_table[16];
+
+static void init_lane_table(void) {
+    for (int m = 0; m < 16; m++) {
+        uint64_t packed = 0;
+        int k = 0;
+        for (int l = 0; l < 4; l++)
+            if (m >> l & 1) packed |= (uint64_t)l << (16 * k++);
+        lane_table[m] = packed;
+    }
+}
+
+static size_t below_top(const Classes *cl, const void *base, size_t start, size_t len, uint16_t *out) {
+    uint64_t top = cl->bounds[cl->nb - 1];
+    size_t k = 0, i = 0;
+    if (cl->itemsize == 2 && cl->mask == 0x7FFF) {
+        const uint64_t low15 = 0x7FFF7FFF7FFF7FFFull, high1 = 0x8000800080008000ull, lanes = 0x0001000100010001ull;
+        const uint64_t offset = (0x8000ull - top) * lanes, gather = 0x0000200040008001ull;
+        const char *bytes = (const char *)base + 2 * start;
+        for (; i + 16 <= len; i += 16) { /* 16 elements at a time; skipped when none is below (sparse sets) */
+            uint64_t below[4];
+            for (int j = 0; j < 4; j++) below[j] = ~((load64(bytes + 2 * (i + 4 * j)) & low15) + offset) & high1;
+            if (!(below[0] | below[1] | below[2] | below[3])) continue;
+            for (int j = 0; j < 4; j++) {
+                unsigned m4 = (unsigned)(((below[j] >> 15) * gather) >> 45) & 0xF;
+                uint64_t packed = lane_table[m4] + (i + 4 * j) * lanes;
+                memcpy(out + k, &packed, 8);
+                k += (size_t)__builtin_popcount(m4);
+            }
+        }
+    }
+    for (; i < len; i++) {
+        out[k] = (uint16_t)i;
+        k += (load_item(base, start + i, cl->itemsize) & cl->mask) < top; /* the tail, and wider elements */
+    }
+    return k;
+}
 
 PyDoc_STRVAR(class_split_doc,
              "class_split(base, itemsize, mask, bounds, positions, codes) -> (members, ranks, codes, top positions, "
@@ -810,80 +892,107 @@ static PyObject *py_class_split(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*iKOy*y*", &bb, &itemsize, &mask, &bounds, &pb, &cb)) return NULL;
     Classes clv, *cl = &clv;
     clv.lut = NULL;
-    Vec ranks[MAX_CLASSES], codes[MAX_CLASSES];
-    memset(ranks, 0, sizeof ranks);
-    memset(codes, 0, sizeof codes);
+    PyObject *rk[MAX_CLASSES] = {NULL}, *cd[MAX_CLASSES] = {NULL}, *tp = NULL, *tc = NULL;
+    void *scratch = NULL;
+    size_t scratch_cap = 0;
     if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds)) goto done;
-    size_t n = (size_t)bb.len / itemsize, count = (size_t)pb.len / 8;
+    size_t n = (size_t)bb.len / itemsize, count = (size_t)pb.len / 8, nb = (size_t)cl->nb;
     if ((size_t)cb.len != count * itemsize) {
         PyErr_SetString(PyExc_ValueError, "class_split: positions and codes differ in length");
         goto done;
     }
-    for (int c = 0; c <= cl->nb; c++) {
-        ranks[c].item = 8;
-        codes[c].item = itemsize;
+    /* scratch: below-top changes (positions + sentinel, codes, classes), then the enumeration buffer */
+    scratch = pool_get((count + 1) * (8 + itemsize + 1) + (BLOCK + 4) * 2 + 8, &scratch_cap);
+    void *tpd, *tcd;
+    tp = buf_new(count * 8, &tpd);
+    tc = tp ? buf_new(count * itemsize, &tcd) : NULL;
+    if (scratch == NULL || tc == NULL) {
+        if (scratch == NULL) PyErr_NoMemory();
+        goto done;
     }
-    size_t cnt[MAX_CLASSES] = {0};
+    int64_t *bpos = scratch;
+    uint16_t *block = (uint16_t *)((char *)scratch + (count + 1) * 8);
+    char *bcode = (char *)(block + BLOCK + 4);
+    uint8_t *bcls = (uint8_t *)(bcode + (count + 1) * itemsize);
     const void *base = bb.buf;
     const int64_t *pos = pb.buf;
     const char *code = cb.buf;
-    int failed = 0;
+    uint64_t topb = cl->bounds[nb - 1];
+    size_t ntop = 0, nbelow = 0, per[MAX_CLASSES] = {0};
+    int bad = 0;
     Py_BEGIN_ALLOW_THREADS;
-    size_t j = 0, nb = (size_t)cl->nb;
-#define EMIT(C, R)                                                                                                 \
-    if (vec_reserve(&ranks[C], 1) || vec_reserve(&codes[C], 1)) {                                                  \
-        failed = 1;                                                                                                \
-        goto split_done;                                                                                           \
-    }                                                                                                              \
-    ((int64_t *)ranks[C].data)[ranks[C].len++] = (int64_t)(R);                                                     \
-    store_item(codes[C].data, codes[C].len++, itemsize, load_item(code, j, itemsize));
-    {
-        FOR_BELOW_TOP({
-            int c = class_of(cl, m);
-            size_t r = cnt[c]++;
-            while (j < count && (size_t)pos[j] < i) { /* changes in the top class before i */
-                EMIT(nb, pos[j]);
-                j++;
-            }
-            if (j < count && (size_t)pos[j] == i) {
-                EMIT(c, r);
-                j++;
-            }
-        });
-        for (; j < count; j++) {
-            EMIT(nb, pos[j]);
-        }
+    for (size_t t = 0; t < count; t++) { /* split the changes by class, no branch on the class */
+        bad |= pos[t] < 0 || (size_t)pos[t] >= n;
+        if (bad) break;
+        uint64_t m = load_item(base, (size_t)pos[t], itemsize) & mask, x = load_item(code, t, itemsize);
+        int is_top = m >= topb, c = class_of(cl, m);
+        ((int64_t *)tpd)[ntop] = pos[t];
+        store_item(tcd, ntop, itemsize, x);
+        ntop += is_top;
+        bpos[nbelow] = pos[t];
+        store_item(bcode, nbelow, itemsize, x);
+        bcls[nbelow] = (uint8_t)c;
+        nbelow += !is_top;
     }
-split_done:;
-#undef EMIT
+    for (size_t t = 0; t < nbelow && !bad; t++) per[bcls[t]]++;
     Py_END_ALLOW_THREADS;
-    if (failed) {
-        PyErr_NoMemory();
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "class_split: a position lies outside the segment");
         goto done;
     }
-    PyObject *members = PyList_New(cl->nb), *rl = PyList_New(cl->nb), *cl_codes = PyList_New(cl->nb);
+    char *rd[MAX_CLASSES], *cdd[MAX_CLASSES];
+    for (size_t c = 0; c < nb; c++) {
+        void *a, *b;
+        rk[c] = buf_new(per[c] * 8, &a);
+        cd[c] = rk[c] ? buf_new(per[c] * itemsize, &b) : NULL;
+        if (cd[c] == NULL) goto done;
+        rd[c] = a;
+        cdd[c] = b;
+    }
+    size_t cnt[MAX_CLASSES] = {0}, fill[MAX_CLASSES] = {0};
+    Py_BEGIN_ALLOW_THREADS;
+    bpos[nbelow] = (int64_t)n; /* sentinel: no member reaches it */
+    size_t jb = 0;
+    for (size_t start = 0; start < n; start += BLOCK) {
+        size_t len = n - start < BLOCK ? n - start : BLOCK, found = below_top(cl, base, start, len, block);
+        for (size_t q = 0; q < found; q++) {
+            int64_t s = (int64_t)(start + block[q]);
+            int c = class_of(cl, load_item(base, (size_t)s, itemsize) & mask);
+            size_t r = cnt[c]++;
+            if (s == bpos[jb]) { /* a changed member: rare, so the branch is predicted */
+                size_t f = fill[c]++;
+                ((int64_t *)rd[c])[f] = (int64_t)r;
+                store_item(cdd[c], f, itemsize, load_item(bcode, jb, itemsize));
+                jb++;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    PyObject *members = PyList_New(nb), *rl = PyList_New(nb), *cl_codes = PyList_New(nb);
     if (members && rl && cl_codes) {
         int ok = 1;
-        for (int c = 0; c < cl->nb && ok; c++) {
-            PyObject *m = PyLong_FromSize_t(cnt[c]), *r = vec_to_buf(&ranks[c]), *x = vec_to_buf(&codes[c]);
-            ok = m && r && x;
+        for (size_t c = 0; c < nb; c++) {
+            PyObject *m = PyLong_FromSize_t(cnt[c]);
+            ok &= m != NULL;
             PyList_SET_ITEM(members, c, m ? m : Py_NewRef(Py_None));
-            PyList_SET_ITEM(rl, c, r ? r : Py_NewRef(Py_None));
-            PyList_SET_ITEM(cl_codes, c, x ? x : Py_NewRef(Py_None));
+            PyList_SET_ITEM(rl, c, Py_NewRef(rk[c]));
+            PyList_SET_ITEM(cl_codes, c, Py_NewRef(cd[c]));
         }
-        PyObject *tp = ok ? vec_to_buf(&ranks[cl->nb]) : NULL, *tc = ok ? vec_to_buf(&codes[cl->nb]) : NULL;
-        if (tp && tc) out = PyTuple_Pack(5, members, rl, cl_codes, tp, tc);
-        Py_XDECREF(tp);
-        Py_XDECREF(tc);
+        ((BufObject *)tp)->size = (Py_ssize_t)(ntop * 8);
+        ((BufObject *)tc)->size = (Py_ssize_t)(ntop * itemsize);
+        if (ok) out = PyTuple_Pack(5, members, rl, cl_codes, tp, tc);
     }
     Py_XDECREF(members);
     Py_XDECREF(rl);
     Py_XDECREF(cl_codes);
 done:
     for (int c = 0; c < MAX_CLASSES; c++) {
-        vec_free(&ranks[c]);
-        vec_free(&codes[c]);
+        Py_XDECREF(rk[c]);
+        Py_XDECREF(cd[c]);
     }
+    Py_XDECREF(tp);
+    Py_XDECREF(tc);
+    pool_put(scratch, scratch_cap);
     free(clv.lut);
     PyBuffer_Release(&bb);
     PyBuffer_Release(&pb);
@@ -910,22 +1019,25 @@ static PyObject *py_class_merge(PyObject *self, PyObject *args) {
     clv.lut = NULL;
     Py_buffer rb[MAX_CLASSES], db[MAX_CLASSES];
     int held = 0;
-    char *opos = NULL, *odif = NULL;
     PyObject *pbuf = NULL, *dbuf = NULL;
+    void *scratch = NULL;
+    size_t scratch_cap = 0;
     if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds)) goto done;
+    size_t nb = (size_t)cl->nb;
     if (PySequence_Size(members) != cl->nb || PySequence_Size(ranks_l) != cl->nb || PySequence_Size(diffs_l) != cl->nb) {
         PyErr_SetString(PyExc_ValueError, "class_merge: one member count, rank and difference array per class");
         goto done;
     }
     size_t want[MAX_CLASSES], cnt[MAX_CLASSES] = {0}, nxt[MAX_CLASSES] = {0}, nch[MAX_CLASSES];
+    uint64_t next_rank[MAX_CLASSES];
     const int64_t *rk[MAX_CLASSES];
     const char *df[MAX_CLASSES];
-    size_t total = (size_t)tpb.len / 8;
-    if ((size_t)tdb.len != total * itemsize) {
+    size_t ntop = (size_t)tpb.len / 8, nbelow = 0;
+    if ((size_t)tdb.len != ntop * itemsize) {
         PyErr_SetString(PyExc_ValueError, "class_merge: top positions and differences differ in length");
         goto done;
     }
-    for (int c = 0; c < cl->nb; c++) {
+    for (size_t c = 0; c < nb; c++) {
         PyObject *m = PySequence_GetItem(members, c), *r = PySequence_GetItem(ranks_l, c),
                  *d = PySequence_GetItem(diffs_l, c);
         int ok = m && r && d;
@@ -947,49 +1059,61 @@ static PyObject *py_class_merge(PyObject *self, PyObject *args) {
         }
         rk[c] = rb[c].buf;
         df[c] = db[c].buf;
-        total += nch[c];
+        next_rank[c] = nch[c] ? (uint64_t)rk[c][0] : UINT64_MAX;
+        nbelow += nch[c];
     }
+    size_t total = nbelow + ntop, n = (size_t)bb.len / itemsize;
     void *op, *od;
     pbuf = buf_new(total * 8, &op);
     dbuf = pbuf ? buf_new(total * itemsize, &od) : NULL;
-    if (dbuf == NULL) goto done;
-    opos = op;
-    odif = od;
-    size_t n = (size_t)bb.len / itemsize, ntop = (size_t)tpb.len / 8, t = 0, o = 0;
+    scratch = pool_get((nbelow + 1) * (8 + itemsize) + (BLOCK + 4) * 2 + 8, &scratch_cap);
+    if (dbuf == NULL || scratch == NULL) {
+        if (scratch == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *bpos = scratch;
+    uint16_t *block = (uint16_t *)(bpos + nbelow + 1);
+    char *bdif = (char *)(block + BLOCK + 4);
     const void *base = bb.buf;
     const int64_t *tpos = tpb.buf;
     const char *tdif = tdb.buf;
     const char *err = NULL;
-    uint64_t topb = cl->bounds[cl->nb - 1];
+    uint64_t topb = cl->bounds[nb - 1];
     Py_BEGIN_ALLOW_THREADS;
-#define TOP_BEFORE(LIMIT)                                                                                          \
-    while (t < ntop && (size_t)tpos[t] < (LIMIT)) {                                                                \
-        if ((size_t)tpos[t] >= n || (load_item(base, tpos[t], itemsize) & cl->mask) < topb) {                      \
-            err = "a top-class position is not in the top class";                                                  \
-            break;                                                                                                 \
-        }                                                                                                          \
-        ((int64_t *)opos)[o] = tpos[t];                                                                            \
-        store_item(odif, o++, itemsize, load_item(tdif, t, itemsize));                                            \
-        t++;                                                                                                       \
-    }
-    FOR_BELOW_TOP({
-        int c = class_of(cl, m);
-        size_t r = cnt[c]++;
-        if (nxt[c] < nch[c] && (size_t)rk[c][nxt[c]] == r) {
-            TOP_BEFORE(i);
-            if (err) goto merge_done;
-            ((int64_t *)opos)[o] = (int64_t)i;
-            store_item(odif, o++, itemsize, load_item(df[c], nxt[c], itemsize));
-            nxt[c]++;
+    size_t k = 0;
+    for (size_t start = 0; start < n; start += BLOCK) { /* the classes' changed members, in position order */
+        size_t len = n - start < BLOCK ? n - start : BLOCK, found = below_top(cl, base, start, len, block);
+        for (size_t q = 0; q < found; q++) {
+            int64_t s = (int64_t)(start + block[q]);
+            int c = class_of(cl, load_item(base, (size_t)s, itemsize) & mask);
+            if (cnt[c]++ == next_rank[c]) { /* rare: predicted */
+                if (k == nbelow) break;
+                bpos[k] = s;
+                store_item(bdif, k++, itemsize, load_item(df[c], nxt[c], itemsize));
+                size_t i = ++nxt[c];
+                next_rank[c] = i < nch[c] && (uint64_t)rk[c][i] > (uint64_t)rk[c][i - 1] ? (uint64_t)rk[c][i] : UINT64_MAX;
+            }
         }
-    });
-    TOP_BEFORE(SIZE_MAX);
-merge_done:
-    if (err == NULL && t < ntop) err = "a top-class position is not in the top class";
-    for (int c = 0; c < cl->nb && err == NULL; c++)
+    }
+    for (size_t c = 0; c < nb && err == NULL; c++)
         if (cnt[c] != want[c]) err = "a class's member count differs from the header's";
         else if (nxt[c] != nch[c]) err = "a class's change ranks are not sorted members";
-#undef TOP_BEFORE
+    for (size_t t = 0; t < ntop && err == NULL; t++)
+        if (tpos[t] < 0 || (size_t)tpos[t] >= n || (load_item(base, (size_t)tpos[t], itemsize) & mask) < topb ||
+            (t && tpos[t] <= tpos[t - 1]))
+            err = "a top-class position is not in the top class";
+    if (err == NULL) { /* merge the two sorted runs (disjoint: their magnitudes differ) */
+        bpos[nbelow] = INT64_MAX;
+        size_t i = 0, j = 0;
+        for (size_t o = 0; o < total; o++) {
+            int64_t a = bpos[i], b = j < ntop ? tpos[j] : INT64_MAX;
+            int from_below = a < b;
+            ((int64_t *)op)[o] = from_below ? a : b;
+            store_item(od, o, itemsize, from_below ? load_item(bdif, i, itemsize) : load_item(tdif, j, itemsize));
+            i += from_below;
+            j += !from_below;
+        }
+    }
     Py_END_ALLOW_THREADS;
     if (err) {
         PyErr_SetString(CodecError, err);
@@ -1003,6 +1127,7 @@ done:
     }
     Py_XDECREF(pbuf);
     Py_XDECREF(dbuf);
+    pool_put(scratch, scratch_cap);
     free(clv.lut);
     PyBuffer_Release(&bb);
     PyBuffer_Release(&tpb);
@@ -1157,6 +1282,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pulse", "Compiled k
 
 PyMODINIT_FUNC PyInit__pulse(void) {
     if (PyType_Ready(&BufType) < 0) return NULL;
+    init_lane_table();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     CodecError = PyErr_NewException("heterorl.weights.native._pulse.CodecError", PyExc_ValueError, NULL);
