@@ -70,11 +70,18 @@ def bits_view_t(t: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(bits_view(t))
 
 
-def codec_rows(steps: Sequence[str], threads: Sequence[int], repeats: int = 3, reference: bool = True) -> list[dict]:
-    """One row per (step, format, threads): native and (when `reference`) numpy figures, GB/s and ratios."""
+def codec_rows(
+    steps: Sequence[str],
+    threads: Sequence[int],
+    repeats: int = 3,
+    reference: bool = True,
+    num_params: int = 70_000_000,
+) -> list[dict]:
+    """One row per (step, format, threads): native and (when `reference`) numpy figures, GB/s and ratios.
+    `num_params` sizes the synthetic and noise steps (the Qwen3 step has its own ~90M)."""
     rows = []
     for step in steps:
-        base, new = step_pair(step, 70_000_000, 1e-6)
+        base, new = step_pair(step, num_params, 1e-6)
         model_gb = 2 * sum(t.numel() for t in base.values()) / 1e9
         for label, context in FORMATS.items():
             for n in threads:

@@ -13,6 +13,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include "xxh_x86dispatch.c" /* xxHash inline, XXH3 updates dispatched to SSE2 / AVX2 / AVX-512 at run time */
@@ -169,7 +172,7 @@ static int check_itemsize(int itemsize) {
     return -1;
 }
 
-static inline uint64_t load_item(const void *base, size_t i, int itemsize) {
+static inline __attribute__((always_inline)) uint64_t load_item(const void *base, size_t i, int itemsize) {
     switch (itemsize) {
     case 1: return ((const uint8_t *)base)[i];
     case 2: return ((const uint16_t *)base)[i];
@@ -178,7 +181,7 @@ static inline uint64_t load_item(const void *base, size_t i, int itemsize) {
     }
 }
 
-static inline void store_item(void *base, size_t i, int itemsize, uint64_t v) {
+static inline __attribute__((always_inline)) void store_item(void *base, size_t i, int itemsize, uint64_t v) {
     switch (itemsize) {
     case 1: ((uint8_t *)base)[i] = (uint8_t)v; break;
     case 2: ((uint16_t *)base)[i] = (uint16_t)v; break;
@@ -222,13 +225,41 @@ static PyObject *digest_bytes(XXH3_state_t *state) {
         dif.len += k;                                                                                              \
     }
 
-/* 16-bit elements, 64 at a time: a 64-bit mask of the lanes that differ (SWAR, no branch), then one iteration per
- * differing element. Per 64-bit word d = x ^ y: ((d & 0x7FFF..) + 0x7FFF..) | d sets each lane's top bit iff the
- * lane is non-zero (no carry crosses lanes); the four top bits are gathered into four adjacent bits by one
- * multiplication (their products land at distinct positions, so nothing carries). Returns -1 when out of memory. */
+/* 16-bit elements: a mask of the lanes that differ, then one iteration per differing element. Returns -1
+ * when out of memory. */
 static int scan16(const char *wb, const char *wn, size_t words, size_t first, Vec *pos, Vec *dif) {
-    const uint64_t low15 = 0x7FFF7FFF7FFF7FFFull, high1 = 0x8000800080008000ull, gather = 0x0000200040008001ull;
     size_t w = 0;
+#ifdef __SSE2__
+    /* x86-64 (SSE2 is its baseline): 8 lanes per compare, movemask gives each lane two equal bits; 32 elements make
+     * a 64-bit mask of bit pairs, and each differing element clears its pair. */
+    for (; w + 8 <= words; w += 8) {
+        uint64_t mask = 0;
+        for (int j = 0; j < 4; j++) {
+            __m128i x = _mm_loadu_si128((const __m128i *)(wb + 8 * w + 16 * j));
+            __m128i y = _mm_loadu_si128((const __m128i *)(wn + 8 * w + 16 * j));
+            mask |= (uint64_t)((uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(x, y)) ^ 0xFFFFu) << (16 * j);
+        }
+        if (!mask) continue;
+        if (vec_reserve(pos, 32) || vec_reserve(dif, 32)) return -1;
+        int64_t *p = (int64_t *)pos->data + pos->len;
+        uint16_t *dd = (uint16_t *)dif->data + dif->len;
+        const uint16_t *b16 = (const uint16_t *)(wb + 8 * w), *n16 = (const uint16_t *)(wn + 8 * w);
+        size_t k = 0;
+        while (mask) {
+            int e = __builtin_ctzll(mask) >> 1;
+            mask &= mask - 1;
+            mask &= mask - 1;
+            p[k] = (int64_t)(first + 4 * w + e);
+            dd[k++] = (uint16_t)(n16[e] - b16[e]);
+        }
+        pos->len += k;
+        dif->len += k;
+    }
+#else
+    /* SWAR, 64 elements at a time: per 64-bit word d = x ^ y, ((d & 0x7FFF..) + 0x7FFF..) | d sets each lane's top
+     * bit iff the lane is non-zero (no carry crosses lanes); one multiplication gathers the four top bits into
+     * four adjacent bits (their products land at distinct positions, so nothing carries). */
+    const uint64_t low15 = 0x7FFF7FFF7FFF7FFFull, high1 = 0x8000800080008000ull, gather = 0x0000200040008001ull;
     for (; w + 16 <= words; w += 16) {
         uint64_t mask = 0;
         for (int j = 0; j < 16; j++) {
@@ -251,6 +282,7 @@ static int scan16(const char *wb, const char *wn, size_t words, size_t first, Ve
         pos->len += k;
         dif->len += k;
     }
+#endif
     for (; w < words; w++) {
         uint64_t x = load64(wb + 8 * w), y = load64(wn + 8 * w);
         if (x == y) continue;
@@ -344,7 +376,7 @@ static inline int width_of(uint64_t v) { return v < (1ull << 8) ? 1 : v < (1ull 
 
 /* x_i: the stream's values, as gaps of sorted positions (kind 1: x_i = p_i - p_(i-1) - 1, p_(-1) = -1) or as
  * value codes of wrapped differences (kind 2: zigzag(d) - 1 in the differences' width) or as they are (kind 0). */
-static inline uint64_t stream_value(const void *src, size_t i, int itemsize, int kind) {
+static inline __attribute__((always_inline)) uint64_t stream_value(const void *src, size_t i, int itemsize, int kind) {
     if (kind == 1) {
         const int64_t *p = src;
         return (uint64_t)(i ? p[i] - p[i - 1] - 1 : p[0]);
@@ -367,9 +399,29 @@ static inline uint64_t stream_value(const void *src, size_t i, int itemsize, int
 #define REFINE 1e-9
 #include <math.h>
 
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return (x > y) - (x < y);
+/* The element of rank `rank` (0-based, ascending) of v[0:n], by quickselect (v is reordered). */
+static uint64_t select_rank(uint64_t *v, size_t n, size_t rank) {
+    size_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        uint64_t pivot = v[lo + (hi - lo) / 2];
+        size_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < pivot) i++;
+            while (v[j] > pivot) j--;
+            if (i <= j) {
+                uint64_t t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                if (j == 0) break;
+                j--;
+            }
+        }
+        if (rank <= j) hi = j;
+        else if (rank >= i) lo = i;
+        else return v[rank];
+    }
+    return v[rank];
 }
 
 static int choose_k(const void *src, size_t count, int itemsize, int kind, int bits, int *close) {
@@ -382,10 +434,9 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
         xs[t] = stream_value(src, t * step, itemsize, kind);
         if (xs[t] > top) top = xs[t];
     }
-    uint64_t sorted[SAMPLE * 2 + 2];
-    memcpy(sorted, xs, total * 8);
-    qsort(sorted, total, 8, cmp_u64);
-    uint64_t median = sorted[total / 2];
+    uint64_t scratch[SAMPLE * 2 + 2];
+    memcpy(scratch, xs, total * 8);
+    uint64_t median = select_rank(scratch, total, total / 2);
     int center = median ? 64 - __builtin_clzll(median) : 0;
     int lo = center - 2 > 0 ? center - 2 : 0, hi = center + 1 < bits - 1 ? center + 1 : bits - 1;
     double best = INFINITY, costs[8];
@@ -472,19 +523,36 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     memset(pk, 0, packed);
     size_t e = 0;
     uint64_t rmask = (1ull << r) - 1;
-    for (size_t i = 0; i < count; i++) {
-        uint64_t x = stream_value(sb.buf, i, itemsize, kind);
-        for (int j = 0; j < n_lo; j++) lo[j * count + i] = (uint8_t)(x >> (8 * j));
-        uint64_t y = n_lo ? x >> (8 * n_lo) : x;
-        uint64_t sym = (y & rmask) | ((uint64_t)ESCAPE << r);
-        if (y < sym) sym = y;
-        pk[i >> pshift] |= (uint8_t)(sym << ((r + 2) * (i & (per - 1))));
-        if (escapes && x >= limit) {
-            uint64_t h = (x >> k) - ESCAPE;
-            for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));
-            e++;
-        }
+    /* one loop per (kind, width), so that the value's computation is straight-line code */
+#define ENCODE_LOOP(KIND, ISZ)                                                                                     \
+    for (size_t i = 0; i < count; i++) {                                                                           \
+        uint64_t x = stream_value(sb.buf, i, ISZ, KIND);                                                           \
+        for (int j = 0; j < n_lo; j++) lo[j * count + i] = (uint8_t)(x >> (8 * j));                               \
+        uint64_t y = x >> (8 * n_lo);                                                                              \
+        uint64_t sym = (y & rmask) | ((uint64_t)ESCAPE << r);                                                      \
+        if (y < sym) sym = y;                                                                                      \
+        pk[i >> pshift] |= (uint8_t)(sym << ((r + 2) * (i & (per - 1))));                                          \
+        if (x >= limit) {                                                                                          \
+            uint64_t h = (x >> k) - ESCAPE;                                                                        \
+            for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));                            \
+            e++;                                                                                                   \
+        }                                                                                                          \
     }
+    switch (kind * 16 + itemsize) {
+    case 16 + 8: ENCODE_LOOP(1, 8) break;
+    case 16 + 4: ENCODE_LOOP(1, 4) break;
+    case 16 + 2: ENCODE_LOOP(1, 2) break;
+    case 16 + 1: ENCODE_LOOP(1, 1) break;
+    case 32 + 2: ENCODE_LOOP(2, 2) break;
+    case 32 + 4: ENCODE_LOOP(2, 4) break;
+    case 32 + 1: ENCODE_LOOP(2, 1) break;
+    case 32 + 8: ENCODE_LOOP(2, 8) break;
+    case 2: ENCODE_LOOP(0, 2) break;
+    case 4: ENCODE_LOOP(0, 4) break;
+    case 1: ENCODE_LOOP(0, 1) break;
+    default: ENCODE_LOOP(0, 8) break;
+    }
+#undef ENCODE_LOOP
     Py_END_ALLOW_THREADS;
     out = Py_BuildValue("(Onnii)", parts, (Py_ssize_t)escapes, (Py_ssize_t)ew, k, close);
     Py_DECREF(parts);
@@ -520,9 +588,9 @@ static const char *stream_check(const Stream *s) {
     return NULL;
 }
 
-#define STREAM_DECODE(EMIT)                                                                                        \
+#define STREAM_DECODE_AT(EMIT, N_LO, R)                                                                                      \
     do {                                                                                                           \
-        int n_lo = s->k / 8, r = s->k % 8, per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;           \
+        const int n_lo = (N_LO), r = (R), per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;             \
         size_t packed = (s->count + per - 1) / per, e = 0;                                                         \
         const uint8_t *lo = s->buf, *pk = s->buf + n_lo * s->count, *es = pk + packed;                             \
         uint8_t smask = per == 1 ? 0xFF : (uint8_t)((1u << (r + 2)) - 1); /* one per byte: the whole byte */       \
@@ -546,6 +614,27 @@ static const char *stream_check(const Stream *s) {
             EMIT                                                                                                   \
         }                                                                                                          \
     } while (0)
+
+/* STREAM_DECODE_AT with the split point as constants for k < 16 (the values' byte layout becomes straight-line
+ * code), as variables beyond. */
+#define STREAM_DECODE(EMIT)                                                                                        \
+    switch (s->k) {                                                                                                \
+    case 0: STREAM_DECODE_AT(EMIT, 0, 0); break;                                                                   \
+    case 1: STREAM_DECODE_AT(EMIT, 0, 1); break;                                                                   \
+    case 2: STREAM_DECODE_AT(EMIT, 0, 2); break;                                                                   \
+    case 3: STREAM_DECODE_AT(EMIT, 0, 3); break;                                                                   \
+    case 4: STREAM_DECODE_AT(EMIT, 0, 4); break;                                                                   \
+    case 5: STREAM_DECODE_AT(EMIT, 0, 5); break;                                                                   \
+    case 6: STREAM_DECODE_AT(EMIT, 0, 6); break;                                                                   \
+    case 8: STREAM_DECODE_AT(EMIT, 1, 0); break;                                                                   \
+    case 9: STREAM_DECODE_AT(EMIT, 1, 1); break;                                                                   \
+    case 10: STREAM_DECODE_AT(EMIT, 1, 2); break;                                                                  \
+    case 11: STREAM_DECODE_AT(EMIT, 1, 3); break;                                                                  \
+    case 12: STREAM_DECODE_AT(EMIT, 1, 4); break;                                                                  \
+    case 13: STREAM_DECODE_AT(EMIT, 1, 5); break;                                                                  \
+    case 14: STREAM_DECODE_AT(EMIT, 1, 6); break;                                                                  \
+    default: STREAM_DECODE_AT(EMIT, s->k / 8, s->k % 8); break;                                                    \
+    }
 
 static int parse_stream(Py_buffer *b, Py_ssize_t offset, Py_ssize_t count, int k, Py_ssize_t escapes, int ew,
                         int bits, Stream *s) {
@@ -632,7 +721,16 @@ static PyObject *py_decode_diffs(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     err = stream_check(s);
     int table = s->k < 8 && s->escapes == 0; /* intcode.decode_values looks such codes up, no zero check */
-    if (err == NULL) {
+    if (err == NULL && itemsize == 2) { /* bf16 / fp16: the width as a constant */
+        STREAM_DECODE({
+            if (x == 0xFFFF && !table) {
+                err = "a value code decodes to a zero change";
+                break;
+            }
+            uint64_t zz = (x + 1) & 0xFFFF; /* wraps as the reference's table does */
+            ((uint16_t *)dif)[i] = (uint16_t)((zz >> 1) ^ (zz & 1 ? 0xFFFF : 0));
+        });
+    } else if (err == NULL) {
         STREAM_DECODE({
             if (x == mask && !table) {
                 err = "a value code decodes to a zero change";
@@ -710,12 +808,20 @@ static PyObject *py_stage_digests(PyObject *self, PyObject *args) {
                 continue;
             }
             memcpy(scratch, part, len);
-            for (size_t t = j0; t < j; t++) {
-                size_t i = (size_t)pos[t] - start;
-                uint64_t v = load_item(part, i, itemsize) + load_item(dif, t, itemsize);
-                store_item(nv, t, itemsize, v);
-                store_item(scratch, i, itemsize, v);
+#define PATCH_LOOP(T)                                                                                              \
+    for (size_t t = j0; t < j; t++) {                                                                              \
+        size_t i = (size_t)pos[t] - start;                                                                         \
+        T v = (T)(((const T *)part)[i] + ((const T *)dif)[t]);                                                     \
+        ((T *)nv)[t] = v;                                                                                          \
+        ((T *)scratch)[i] = v;                                                                                     \
+    }
+            switch (itemsize) {
+            case 2: PATCH_LOOP(uint16_t) break;
+            case 4: PATCH_LOOP(uint32_t) break;
+            case 1: PATCH_LOOP(uint8_t) break;
+            default: PATCH_LOOP(uint64_t) break;
             }
+#undef PATCH_LOOP
             XXH3_128bits_update(sr, scratch, len);
         }
         bad = want_result && j != count;
