@@ -73,6 +73,13 @@ class WeightsConfig(Strict):
         description="Threads that encode (learner) and decode (samplers) PULSE patches and snapshots, tensor by "
         "tensor (the compiled kernels release the GIL); 1 keeps the codec on one core beside training.",
     )
+    publish_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Linux: the background publish thread's nice value above the process's, so that training gets "
+        "a busy core first (0: same priority).",
+    )
     patch_max_ratio: float = Field(
         0.9,
         gt=0.0,

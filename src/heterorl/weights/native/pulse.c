@@ -430,6 +430,11 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
     size_t step = count / SAMPLE > 1 ? count / SAMPLE : 1, total = (count + step - 1) / step;
     uint64_t xs[SAMPLE * 2 + 2];
     uint64_t top = 0;
+    size_t isz = kind == 1 ? 8 : (size_t)itemsize; /* the sample's elements lie a stride apart: one cache line each, */
+    for (size_t t = 0; t < total; t++) {          /* so all are requested before any is read */
+        __builtin_prefetch((const char *)src + t * step * isz);
+        if (kind == 1 && t) __builtin_prefetch((const char *)src + (t * step - 1) * isz);
+    }
     for (size_t t = 0; t < total; t++) {
         xs[t] = stream_value(src, t * step, itemsize, kind);
         if (xs[t] > top) top = xs[t];
@@ -961,9 +966,26 @@ static size_t below_top(const Classes *cl, const void *base, size_t start, size_
     uint64_t top = cl->bounds[cl->nb - 1];
     size_t k = 0, i = 0;
     if (cl->itemsize == 2 && cl->mask == 0x7FFF) {
+        const char *bytes = (const char *)base + 2 * start;
+#ifdef __SSE2__
+        /* 32 elements per step: magnitudes (sign bit cleared, so signed 16-bit compares are exact) below the top
+         * bound give a 64-bit mask of bit pairs, and each such element costs one iteration. */
+        const __m128i low15 = _mm_set1_epi16(0x7FFF), topv = _mm_set1_epi16((short)top);
+        for (; i + 32 <= len; i += 32) {
+            uint64_t mask = 0;
+            for (int j = 0; j < 4; j++) {
+                __m128i x = _mm_and_si128(_mm_loadu_si128((const __m128i *)(bytes + 2 * i + 16 * j)), low15);
+                mask |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmplt_epi16(x, topv)) << (16 * j);
+            }
+            while (mask) {
+                out[k++] = (uint16_t)(i + (__builtin_ctzll(mask) >> 1));
+                mask &= mask - 1;
+                mask &= mask - 1;
+            }
+        }
+#else
         const uint64_t low15 = 0x7FFF7FFF7FFF7FFFull, high1 = 0x8000800080008000ull, lanes = 0x0001000100010001ull;
         const uint64_t offset = (0x8000ull - top) * lanes, gather = 0x0000200040008001ull;
-        const char *bytes = (const char *)base + 2 * start;
         for (; i + 16 <= len; i += 16) { /* 16 elements at a time; skipped when none is below (sparse sets) */
             uint64_t below[4];
             for (int j = 0; j < 4; j++) below[j] = ~((load64(bytes + 2 * (i + 4 * j)) & low15) + offset) & high1;
@@ -975,6 +997,7 @@ static size_t below_top(const Classes *cl, const void *base, size_t start, size_
                 k += (size_t)__builtin_popcount(m4);
             }
         }
+#endif
     }
     for (; i < len; i++) {
         out[k] = (uint16_t)i;
