@@ -285,7 +285,7 @@ def parse_segment(obj: dict[str, Any], numel: int, dtype: torch.dtype, raw_nbyte
         if type(b) is not int or not prev < b <= (mask or 0):
             raise PatchError(f"{what}: class bounds must increase within (0, {mask}]: {bounds}")
         prev = b
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     classes = []
     for c, cobj in enumerate(classes_json):
         if not isinstance(cobj, dict):
@@ -340,7 +340,7 @@ def decode_segment(
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """A segment's changes given its base bits (needed only when it has classes, i.e. bounds): one (sorted
     positions int64, wrapped differences) run per class that changed; runs are disjoint."""
-    code_width = torch.empty((), dtype=code.dtype).element_size()
+    code_width = code.dtype.itemsize
     value_dtype = UINT[code_width]
     if code.count == 0:
         decompress_exact(frame, 0, what)
@@ -387,7 +387,7 @@ def _decode_native(
     """`decode_segment` by the compiled kernels: each class's ranks and differences, then one pass over the base
     that enumerates the classes below the top and merges every class into one sorted run (member counts and
     top-class membership checked there)."""
-    code_width = torch.empty((), dtype=code.dtype).element_size()
+    code_width = code.dtype.itemsize
     value_dtype = UINT[code_width]
     runs = []
     cursor = 0

@@ -1011,7 +1011,8 @@ PyDoc_STRVAR(class_split_doc,
              "top codes)\n\nThe encoder's view of a segment's magnitude classes: per class below the top, its member "
              "count, the member ranks of its changed elements (int64 Bufs) and their value codes; the top class's "
              "changed positions (flat) and codes. positions: sorted changed positions; codes: their value codes "
-             "(itemsize bytes each).");
+             "(itemsize bytes each). One pass over the base, block by block: the block's changes are split by "
+             "class while the block is in cache, then its elements below the top bound are enumerated.");
 
 static PyObject *py_class_split(PyObject *self, PyObject *args) {
     Py_buffer bb, pb, cb;
@@ -1021,7 +1022,10 @@ static PyObject *py_class_split(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*iKOy*y*", &bb, &itemsize, &mask, &bounds, &pb, &cb)) return NULL;
     Classes clv, *cl = &clv;
     clv.lut = NULL;
-    PyObject *rk[MAX_CLASSES] = {NULL}, *cd[MAX_CLASSES] = {NULL}, *tp = NULL, *tc = NULL;
+    Vec ranks[MAX_CLASSES], codes[MAX_CLASSES];
+    memset(ranks, 0, sizeof ranks);
+    memset(codes, 0, sizeof codes);
+    PyObject *tp = NULL, *tc = NULL;
     void *scratch = NULL;
     size_t scratch_cap = 0;
     if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds)) goto done;
@@ -1030,8 +1034,12 @@ static PyObject *py_class_split(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "class_split: positions and codes differ in length");
         goto done;
     }
-    /* scratch: below-top changes (positions + sentinel, codes, classes), then the enumeration buffer */
-    scratch = pool_get((count + 1) * (8 + itemsize + 1) + (BLOCK + 4) * 2 + 8, &scratch_cap);
+    for (size_t c = 0; c < nb; c++) {
+        ranks[c].item = 8;
+        codes[c].item = (size_t)itemsize;
+    }
+    /* scratch: the block's below-top changes (positions + sentinel, codes), the block's enumeration */
+    scratch = pool_get((BLOCK + 1) * (8 + (size_t)itemsize) + (BLOCK + 4) * 2, &scratch_cap);
     void *tpd, *tcd;
     tp = buf_new(count * 8, &tpd);
     tc = tp ? buf_new(count * itemsize, &tcd) : NULL;
@@ -1040,72 +1048,67 @@ static PyObject *py_class_split(PyObject *self, PyObject *args) {
         goto done;
     }
     int64_t *bpos = scratch;
-    uint16_t *block = (uint16_t *)((char *)scratch + (count + 1) * 8);
-    char *bcode = (char *)(block + BLOCK + 4);
-    uint8_t *bcls = (uint8_t *)(bcode + (count + 1) * itemsize);
+    char *bcode = (char *)(bpos + BLOCK + 1);
+    uint16_t *block = (uint16_t *)(bcode + (BLOCK + 1) * itemsize);
     const void *base = bb.buf;
     const int64_t *pos = pb.buf;
     const char *code = cb.buf;
     uint64_t topb = cl->bounds[nb - 1];
-    size_t ntop = 0, nbelow = 0, per[MAX_CLASSES] = {0};
-    int bad = 0;
+    size_t ntop = 0, cnt[MAX_CLASSES] = {0}, j = 0;
+    int bad = 0, failed = 0;
     Py_BEGIN_ALLOW_THREADS;
-    for (size_t t = 0; t < count; t++) { /* split the changes by class, no branch on the class */
-        bad |= pos[t] < 0 || (size_t)pos[t] >= n;
-        if (bad) break;
-        uint64_t m = load_item(base, (size_t)pos[t], itemsize) & mask, x = load_item(code, t, itemsize);
-        int is_top = m >= topb, c = class_of(cl, m);
-        ((int64_t *)tpd)[ntop] = pos[t];
-        store_item(tcd, ntop, itemsize, x);
-        ntop += is_top;
-        bpos[nbelow] = pos[t];
-        store_item(bcode, nbelow, itemsize, x);
-        bcls[nbelow] = (uint8_t)c;
-        nbelow += !is_top;
-    }
-    for (size_t t = 0; t < nbelow && !bad; t++) per[bcls[t]]++;
-    Py_END_ALLOW_THREADS;
-    if (bad) {
-        PyErr_SetString(PyExc_ValueError, "class_split: a position lies outside the segment");
-        goto done;
-    }
-    char *rd[MAX_CLASSES], *cdd[MAX_CLASSES];
-    for (size_t c = 0; c < nb; c++) {
-        void *a, *b;
-        rk[c] = buf_new(per[c] * 8, &a);
-        cd[c] = rk[c] ? buf_new(per[c] * itemsize, &b) : NULL;
-        if (cd[c] == NULL) goto done;
-        rd[c] = a;
-        cdd[c] = b;
-    }
-    size_t cnt[MAX_CLASSES] = {0}, fill[MAX_CLASSES] = {0};
-    Py_BEGIN_ALLOW_THREADS;
-    bpos[nbelow] = (int64_t)n; /* sentinel: no member reaches it */
-    size_t jb = 0;
-    for (size_t start = 0; start < n; start += BLOCK) {
-        size_t len = n - start < BLOCK ? n - start : BLOCK, found = below_top(cl, base, start, len, block);
+    for (size_t start = 0; start < n && !bad && !failed; start += BLOCK) {
+        size_t len = n - start < BLOCK ? n - start : BLOCK, end = start + len, nbk = 0;
+        for (; j < count && pos[j] < (int64_t)end; j++) { /* the block's changes, split without a branch */
+            if (pos[j] < (int64_t)start) {
+                bad = 1;
+                break;
+            }
+            uint64_t m = load_item(base, (size_t)pos[j], itemsize) & mask, x = load_item(code, j, itemsize);
+            int is_top = m >= topb;
+            ((int64_t *)tpd)[ntop] = pos[j];
+            store_item(tcd, ntop, itemsize, x);
+            ntop += is_top;
+            bpos[nbk] = pos[j];
+            store_item(bcode, nbk, itemsize, x);
+            nbk += !is_top;
+        }
+        bpos[nbk] = INT64_MAX; /* sentinel */
+        size_t found = below_top(cl, base, start, len, block), jb = 0;
         for (size_t q = 0; q < found; q++) {
             int64_t s = (int64_t)(start + block[q]);
             int c = class_of(cl, load_item(base, (size_t)s, itemsize) & mask);
             size_t r = cnt[c]++;
             if (s == bpos[jb]) { /* a changed member: rare, so the branch is predicted */
-                size_t f = fill[c]++;
-                ((int64_t *)rd[c])[f] = (int64_t)r;
-                store_item(cdd[c], f, itemsize, load_item(bcode, jb, itemsize));
+                if (vec_reserve(&ranks[c], 1) || vec_reserve(&codes[c], 1)) {
+                    failed = 1;
+                    break;
+                }
+                ((int64_t *)ranks[c].data)[ranks[c].len++] = (int64_t)r;
+                store_item(codes[c].data, codes[c].len++, itemsize, load_item(bcode, jb, itemsize));
                 jb++;
             }
         }
     }
+    bad |= j != count;
     Py_END_ALLOW_THREADS;
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "class_split: positions must be sorted and lie in the segment");
+        goto done;
+    }
     PyObject *members = PyList_New(nb), *rl = PyList_New(nb), *cl_codes = PyList_New(nb);
     if (members && rl && cl_codes) {
         int ok = 1;
         for (size_t c = 0; c < nb; c++) {
-            PyObject *m = PyLong_FromSize_t(cnt[c]);
-            ok &= m != NULL;
+            PyObject *m = PyLong_FromSize_t(cnt[c]), *r = vec_to_buf(&ranks[c]), *x = vec_to_buf(&codes[c]);
+            ok &= m && r && x;
             PyList_SET_ITEM(members, c, m ? m : Py_NewRef(Py_None));
-            PyList_SET_ITEM(rl, c, Py_NewRef(rk[c]));
-            PyList_SET_ITEM(cl_codes, c, Py_NewRef(cd[c]));
+            PyList_SET_ITEM(rl, c, r ? r : Py_NewRef(Py_None));
+            PyList_SET_ITEM(cl_codes, c, x ? x : Py_NewRef(Py_None));
         }
         ((BufObject *)tp)->size = (Py_ssize_t)(ntop * 8);
         ((BufObject *)tc)->size = (Py_ssize_t)(ntop * itemsize);
@@ -1116,8 +1119,8 @@ static PyObject *py_class_split(PyObject *self, PyObject *args) {
     Py_XDECREF(cl_codes);
 done:
     for (int c = 0; c < MAX_CLASSES; c++) {
-        Py_XDECREF(rk[c]);
-        Py_XDECREF(cd[c]);
+        vec_free(&ranks[c]);
+        vec_free(&codes[c]);
     }
     Py_XDECREF(tp);
     Py_XDECREF(tc);
@@ -1134,7 +1137,9 @@ PyDoc_STRVAR(class_merge_doc,
              "(positions int64 Buf, differences Buf)\n\nThe decoder's view: the changed members of every class "
              "below the top (sorted ranks < members, with their differences) and the top class's changes (sorted "
              "flat positions) merged into one sorted run of positions. Checked: every class has the member count "
-             "the header gives, every top-class position is a top-class member.");
+             "the header gives, every top-class position is a top-class member. One pass over the base, block by "
+             "block: its elements below the top bound are enumerated, the block's top-class positions checked "
+             "and both merged while the block is in cache.");
 
 static PyObject *py_class_merge(PyObject *self, PyObject *args) {
     Py_buffer bb, tpb, tdb;
@@ -1195,54 +1200,58 @@ static PyObject *py_class_merge(PyObject *self, PyObject *args) {
     void *op, *od;
     pbuf = buf_new(total * 8, &op);
     dbuf = pbuf ? buf_new(total * itemsize, &od) : NULL;
-    scratch = pool_get((nbelow + 1) * (8 + itemsize) + (BLOCK + 4) * 2 + 8, &scratch_cap);
+    scratch = pool_get(BLOCK * (8 + (size_t)itemsize) + (BLOCK + 4) * 2, &scratch_cap);
     if (dbuf == NULL || scratch == NULL) {
         if (scratch == NULL) PyErr_NoMemory();
         goto done;
     }
     int64_t *bpos = scratch;
-    uint16_t *block = (uint16_t *)(bpos + nbelow + 1);
-    char *bdif = (char *)(block + BLOCK + 4);
+    char *bdif = (char *)(bpos + BLOCK);
+    uint16_t *block = (uint16_t *)(bdif + BLOCK * itemsize);
     const void *base = bb.buf;
     const int64_t *tpos = tpb.buf;
     const char *tdif = tdb.buf;
     const char *err = NULL;
     uint64_t topb = cl->bounds[nb - 1];
     Py_BEGIN_ALLOW_THREADS;
-    size_t k = 0;
-    for (size_t start = 0; start < n; start += BLOCK) { /* the classes' changed members, in position order */
-        size_t len = n - start < BLOCK ? n - start : BLOCK, found = below_top(cl, base, start, len, block);
-        for (size_t q = 0; q < found; q++) {
+    size_t o = 0, t = 0;
+#define EMIT_OUT(P, SRC, IDX)                                                                                      \
+    ((int64_t *)op)[o] = (P);                                                                                      \
+    store_item(od, o++, itemsize, load_item(SRC, IDX, itemsize));
+    for (size_t start = 0; start < n && err == NULL; start += BLOCK) {
+        size_t len = n - start < BLOCK ? n - start : BLOCK, end = start + len, nbk = 0;
+        size_t found = below_top(cl, base, start, len, block);
+        for (size_t q = 0; q < found; q++) { /* the classes' changed members in this block, in position order */
             int64_t s = (int64_t)(start + block[q]);
             int c = class_of(cl, load_item(base, (size_t)s, itemsize) & mask);
             if (cnt[c]++ == next_rank[c]) { /* rare: predicted */
-                if (k == nbelow) break;
-                bpos[k] = s;
-                store_item(bdif, k++, itemsize, load_item(df[c], nxt[c], itemsize));
+                bpos[nbk] = s;
+                store_item(bdif, nbk++, itemsize, load_item(df[c], nxt[c], itemsize));
                 size_t i = ++nxt[c];
-                next_rank[c] = i < nch[c] && (uint64_t)rk[c][i] > (uint64_t)rk[c][i - 1] ? (uint64_t)rk[c][i] : UINT64_MAX;
+                next_rank[c] = i < nch[c] && rk[c][i] > rk[c][i - 1] ? (uint64_t)rk[c][i] : UINT64_MAX;
             }
         }
+        size_t i = 0;
+        for (; t < ntop && tpos[t] < (int64_t)end; t++) { /* the block's top-class changes, checked and merged */
+            int64_t p = tpos[t];
+            if (p < (int64_t)start || (t && p <= tpos[t - 1]) || (load_item(base, (size_t)p, itemsize) & mask) < topb) {
+                err = "a top-class position is not in the top class";
+                break;
+            }
+            for (; i < nbk && bpos[i] < p; i++) {
+                EMIT_OUT(bpos[i], bdif, i);
+            }
+            EMIT_OUT(p, tdif, t);
+        }
+        for (; i < nbk; i++) {
+            EMIT_OUT(bpos[i], bdif, i);
+        }
     }
+#undef EMIT_OUT
+    if (err == NULL && t < ntop) err = "a top-class position is not in the top class";
     for (size_t c = 0; c < nb && err == NULL; c++)
         if (cnt[c] != want[c]) err = "a class's member count differs from the header's";
         else if (nxt[c] != nch[c]) err = "a class's change ranks are not sorted members";
-    for (size_t t = 0; t < ntop && err == NULL; t++)
-        if (tpos[t] < 0 || (size_t)tpos[t] >= n || (load_item(base, (size_t)tpos[t], itemsize) & mask) < topb ||
-            (t && tpos[t] <= tpos[t - 1]))
-            err = "a top-class position is not in the top class";
-    if (err == NULL) { /* merge the two sorted runs (disjoint: their magnitudes differ) */
-        bpos[nbelow] = INT64_MAX;
-        size_t i = 0, j = 0;
-        for (size_t o = 0; o < total; o++) {
-            int64_t a = bpos[i], b = j < ntop ? tpos[j] : INT64_MAX;
-            int from_below = a < b;
-            ((int64_t *)op)[o] = from_below ? a : b;
-            store_item(od, o, itemsize, from_below ? load_item(bdif, i, itemsize) : load_item(tdif, j, itemsize));
-            i += from_below;
-            j += !from_below;
-        }
-    }
     Py_END_ALLOW_THREADS;
     if (err) {
         PyErr_SetString(CodecError, err);
