@@ -339,3 +339,23 @@ def test_bit_fields_round_trip_and_check_padding():
     bad[-1] |= 0x80  # bit 103: padding
     with pytest.raises(PatchError, match="padding"):
         native.bitmap_ranks(bad, 0, 100, 5, "t")
+
+
+@pytest.mark.parametrize(("lr", "rate"), [(1e-6, 0.0), (1e-4, 0.0), (0.0, 0.02), (0.0, 0.9)])
+def test_the_size_estimate_tracks_the_coded_patch(lr, rate):
+    """`estimate_nbytes` (what the store decides snapshot-or-patch by) lands within 25% of the coded v1 patch, from
+    sparse Adam-like steps to dense random ones."""
+    from heterorl.weights.patch import encode_versions
+
+    gen = torch.Generator().manual_seed(0)
+    base = {f"w{i}": (torch.randn(200, 300, generator=gen) * 0.02).bfloat16() for i in range(4)}
+    new = {k: (v.float() - lr * torch.randn(v.shape, generator=gen)).bfloat16() for k, v in base.items()}
+    if rate:
+        rng = np.random.default_rng(0)
+        for t in new.values():
+            bits = bits_view(t)
+            moved = rng.random(bits.size) < rate
+            bits[moved] = rng.integers(0, 2**16, int(moved.sum()), dtype=np.uint16)
+    out = encode_versions(base, new, formats=(1,))
+    assert out.v1 is not None
+    assert 0.75 < out.estimated_nbytes / len(out.v1) < 1.25, (out.estimated_nbytes, len(out.v1))
