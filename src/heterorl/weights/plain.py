@@ -47,8 +47,8 @@ class PlainTensor:
 def encode_tensor(
     pos_K: np.ndarray, delta_K: np.ndarray, numel: int, level: int, ks: tuple[int, int] | None = None
 ) -> tuple[dict[str, Any], bytes]:
-    """Gap + value streams of one tensor -> (header fields, zstd frame). `ks`: the streams' split points when the
-    caller chose them already (`samples` + `splitpoint.choose_ks_samples`), else `choose_k` picks them."""
+    """Gap + value streams of one tensor -> (header fields, zstd frame). `ks`: the streams' split points, if the
+    caller chose them already; else they are chosen as `choose_k` chooses them."""
     if native.enabled():  # k chosen in C unless given (the same choice)
         k_gaps, k_values = (None, None) if ks is None else ks
         gap_spec, gap_parts = encode_stream(pos_K, native.GAPS, k_gaps, np.dtype(uint_for(numel)).itemsize * 8)
