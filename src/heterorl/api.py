@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from heterorl.config import RunConfig, load_config
-from heterorl.loop.run_dir import new_run_dir
+from heterorl.run.run_dir import new_run_dir
 
 Clock = Literal["simulated", "live"]
 
@@ -101,8 +101,8 @@ class Trainer:
         supported there). Under torchrun the simulated run's learner spans the ranks; follower ranks return None.
         """
         if clock == "simulated":
-            from heterorl.loop.distributed import run_as_rank
-            from heterorl.run import execute
+            from heterorl.parallel.distributed import run_as_rank
+            from heterorl.simulated.run import execute
 
             def simulated() -> dict[str, Any]:
                 return execute(self.cfg, self.run_dir, self.show_progress, overwrite=self.overwrite, observer=self)

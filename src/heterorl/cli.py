@@ -155,8 +155,8 @@ def _live_errors() -> Iterator[None]:
     from heterorl.launch.errors import LaunchError
     from heterorl.live.launcher import LiveRunError
     from heterorl.live.preflight import LiveSetupError
-    from heterorl.loop.distributed import DistributedSetupError
     from heterorl.loop.learner_loop import TrainingDivergedError
+    from heterorl.parallel.distributed import DistributedSetupError
     from heterorl.transport.http.auth import TokenError
     from heterorl.transport.http.client import AuthError, LearnerUnreachableError
     from heterorl.transport.store.objects import StoreSetupError
@@ -213,7 +213,7 @@ def run(
         raise typer.BadParameter("--nproc runs the simulated learner as N processes; with --ray use ray.learner.ranks")
     _under_torchrun(nproc)
     from heterorl.api import Trainer
-    from heterorl.loop.run_dir import RunDirError, new_run_dir
+    from heterorl.run.run_dir import RunDirError, new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "run")
     trainer = Trainer(cfg, run_dir=target, show_progress=not quiet, overwrite=overwrite)
@@ -246,8 +246,8 @@ def learner(
     cfg = _load(config, set_)
     _under_torchrun(nproc)
     from heterorl.live.learner_node import serve_learner
-    from heterorl.loop.distributed import is_follower, run_as_rank
-    from heterorl.loop.run_dir import new_run_dir
+    from heterorl.parallel.distributed import is_follower, run_as_rank
+    from heterorl.run.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "learner")
     with _live_errors():
