@@ -85,7 +85,8 @@ def codec_rows(
         model_gb = 2 * sum(t.numel() for t in base.values()) / 1e9
         for label, context in FORMATS.items():
             for n in threads:
-                row: dict[str, Any] = {"step": STEP_LABELS.get(step, step), "format": label, "threads": n}
+                step_label = STEP_LABELS.get(step, step).format(m=round(num_params / 1e6))
+                row: dict[str, Any] = {"step": step_label, "format": label, "threads": n}
                 paths = {"native": True, "numpy": False} if reference else {"native": True}
                 patches = {}
                 for path, flag in paths.items():
