@@ -929,7 +929,7 @@ done:
 typedef struct {
     int itemsize, nb; /* nb: bounds (classes below the top) */
     uint64_t mask, bounds[MAX_CLASSES];
-    uint8_t *lut; /* 16-bit floats: class of every magnitude */
+    uint8_t *lut; /* 16-bit floats: class of every magnitude below the top bound */
 } Classes;
 
 static int classes_init(Classes *cl, int itemsize, unsigned long long mask, PyObject *bounds) {
@@ -953,22 +953,21 @@ static int classes_init(Classes *cl, int itemsize, unsigned long long mask, PyOb
             return -1;
         }
     }
-    if (itemsize == 2) {
-        cl->lut = malloc(1 << 16);
+    if (itemsize == 2) { /* class by table for the magnitudes below the top bound (the only ones looked up) */
+        cl->lut = malloc(cl->bounds[cl->nb - 1]);
         if (cl->lut == NULL) {
             PyErr_NoMemory();
             return -1;
         }
-        int c = 0;
-        for (uint32_t m = 0; m < (1u << 16); m++) {
-            while (c < cl->nb && m >= cl->bounds[c]) c++;
-            cl->lut[m] = (uint8_t)c;
+        for (int c = 0; c < cl->nb; c++) {
+            uint64_t lo = c ? cl->bounds[c - 1] : 0;
+            memset(cl->lut + lo, c, cl->bounds[c] - lo);
         }
     }
     return 0;
 }
 
-/* Class of magnitude m: the number of bounds <= m (nb: the top class). */
+/* Class of magnitude m below the top bound: the number of bounds <= m. */
 static inline int class_of(const Classes *cl, uint64_t m) {
     if (cl->lut) return cl->lut[m];
     int c = 0;
