@@ -14,6 +14,7 @@ subprocesses) unless its cache is writable; a C file of ~900 lines compiles in ~
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Iterator
 
@@ -22,10 +23,10 @@ import xxhash
 
 from heterorl.weights.format import PatchError
 
-try:
-    from heterorl.weights.native import _pulse
+try:  # by name: the compiled module is optional, and a static import of it reads as this package importing itself
+    _pulse = importlib.import_module("heterorl.weights.native._pulse")
 except ImportError:  # not built (no C compiler at install): the numpy reference runs instead
-    _pulse = None  # type: ignore[assignment]
+    _pulse = None
 
 _EMPTY = xxhash.xxh3_128().digest()  # what the reference returns for a digest it was not asked for
 BUILT = _pulse is not None
