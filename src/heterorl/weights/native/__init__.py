@@ -6,9 +6,10 @@ reference's algorithm with the GIL released, so threads over tensors run side by
 reference that tests compare bytes and decoded results against (tests/weights/test_native.py).
 
 The kernels are used when the extension imports and `HETERORL_NATIVE` is not "0"; `use(False)` switches them off
-within a block (tests, the benchmark's reference column). Why a C extension rather than numba: numba 0.68 would
-add llvmlite (~100 MB) and compile each kernel on first use in every process (samplers, sweep workers, test
-subprocesses) unless its cache is writable; a C file of ~900 lines compiles in ~9 s once, at install.
+within a block (tests, the benchmark's reference column). Why a C extension rather than numba: numba 0.68 adds
+llvmlite (208 MB with numba), imports in 2-3 s and compiles each kernel on first use in every process (samplers,
+sweep workers, test subprocesses) unless its cache is warm; pulse.c compiles once, at install (~9 s), and
+imports in 0.3 ms (docs/weight-sync.md, "Compiled kernels and threads").
 """
 
 from __future__ import annotations
