@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint format install clean vllm test-vllm test-distributed test-ray test-wanlab test-heavy bench
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt setup.py src/heterorl/weights/native/pulse.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[dev,tasks,sinks,data,store,store-test]"

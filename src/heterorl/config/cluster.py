@@ -109,6 +109,27 @@ class WeightsConfig(Strict):
     retain: int = Field(64, ge=1, description="Versions kept in the store.")
     zstd_level: int = Field(1, ge=-7, le=22, description="zstd level of patch payloads.")
     overlap: bool = Field(True, description="Publish in a worker thread while the next learner step runs.")
+    codec_threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Threads that encode (learner) and decode (samplers) PULSE patches and snapshots, tensor by "
+        "tensor (the compiled kernels release the GIL); 1 keeps the codec on one core beside training.",
+    )
+    publish_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Linux: the background publish thread's nice value above the process's, so that training gets "
+        "a busy core first (0: same priority).",
+    )
+    patch_max_ratio: float = Field(
+        0.9,
+        gt=0.0,
+        le=10.0,
+        description="Send a version as a snapshot, without coding a patch, when the patch's size estimated from the "
+        "diff scan's change counts exceeds this share of the last snapshot's size (dense steps).",
+    )
 
 
 # --- live cluster
