@@ -16,7 +16,9 @@ from live.test_processes import Processes, processes, status, wait_until  # noqa
 
 
 def test_lost_uploads_and_a_sampler_killed_holding_slots_do_not_stop_the_run(
-    tmp_path: Path, tiny_model_dir: Path, processes: Processes  # noqa: F811
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    processes: Processes,  # noqa: F811
 ) -> None:
     lossy = "{rollout_faults: {drop: 0.3}}"
     cfg = tiny_config(

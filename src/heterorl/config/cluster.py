@@ -188,7 +188,9 @@ class LiveConfig(Strict):
         description="run --live: the learner and each sampler in their own network namespace, each sampler's link "
         "shaped for real on its TCP connections (delays, rates, loss, reordering, cuts; docs/wan-lab.md; root).",
     )
-    wan_lab_port: int = Field(8470, ge=1, le=65535, description="run --live with wan_lab: the learner's port in the lab.")
+    wan_lab_port: int = Field(
+        8470, ge=1, le=65535, description="run --live with wan_lab: the learner's port in the lab."
+    )
     dead_after_s: float = Field(
         10.0,
         gt=0.0,

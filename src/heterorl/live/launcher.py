@@ -52,7 +52,12 @@ class ProcessGroup:
     def start(self, name: str, args: list[str], log: Path, node: Node = "learner") -> subprocess.Popen[bytes]:
         out = log.open("ab")
         argv = [sys.executable, "-m", "heterorl.live.node", *args]
-        kwargs: dict[str, Any] = {"stdout": out, "stderr": subprocess.STDOUT, "env": self.env, "start_new_session": True}
+        kwargs: dict[str, Any] = {
+            "stdout": out,
+            "stderr": subprocess.STDOUT,
+            "env": self.env,
+            "start_new_session": True,
+        }
         proc = self.lab.popen(node, argv, **kwargs) if self.lab is not None else subprocess.Popen(argv, **kwargs)
         self.procs[name] = (proc, log, out)
         return proc
@@ -145,7 +150,9 @@ def _run_children(
     address.unlink(missing_ok=True)
     listen = f"{lab.learner_ip}:{cfg.live.wan_lab_port}" if lab is not None else "127.0.0.1:0"
     try:
-        procs.start("learner", ["learner", config, "--run-dir", str(run_dir), "--listen", listen], live_dir / "learner.log")
+        procs.start(
+            "learner", ["learner", config, "--run-dir", str(run_dir), "--listen", listen], live_dir / "learner.log"
+        )
         names = [f"sampler-{i}" for i in range(len(cfg.cluster.samplers))]
         for i, name in enumerate(names):  # they start alongside the learner and wait for its address
             args = ["sampler", config, "--connect-file", str(address), "--index", str(i)]
