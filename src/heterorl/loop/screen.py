@@ -31,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from heterorl.config import RunConfig
-from heterorl.loop.reputation import Reputation
+from heterorl.loop.reputation import CHARGED, Reputation
 from heterorl.loop.verifier import RolloutVerifier, Tolerances, WeightsAt
 from heterorl.policy import SamplingParams
 from heterorl.rollout import RolloutGroup
@@ -160,6 +160,23 @@ class TrustScreen:
             if not result.ok and result.reason != "unverifiable":
                 return result.reason, result.detail
         return None
+
+    def quarantined(self, sampler: str) -> bool:
+        with self.lock:
+            return self.reputation.quarantined(sampler)
+
+    def quarantine_detail(self, sampler: str) -> str:
+        """One line for a quarantined sampler: since when, why, and until when."""
+        with self.lock:
+            rec = self.reputation.records[sampler]
+            after = self.cfg.reputation.release_after_steps
+            charged = sum(rec.refused[r] for r in CHARGED)
+            since = rec.quarantined_at if rec.quarantined_at is not None else self.reputation.version
+            until = "the learner restarts" if after is None else f"version {since + after}"
+            return (
+                f"sampler {sampler!r} is quarantined since version {since} ({charged} groups charged, "
+                f"pooled calibration z {rec.pooled_z:.1f}) until {until}"
+            )
 
     def observe(self, sampler: str, outcome: str) -> None:
         """A decoded group's final outcome at the intake."""
