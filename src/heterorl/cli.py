@@ -532,6 +532,7 @@ def keys_revoke(
     revoke_sampler(credentials, name)
     typer.echo(f"{name}: revoked in {credentials}")
 
+
 lab_app = typer.Typer(
     cls=Group, no_args_is_help=True, help="WAN lab: samplers' links shaped for real between network namespaces (root)."
 )

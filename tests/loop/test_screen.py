@@ -158,3 +158,51 @@ def test_one_poisoned_group_per_batch_neither_skips_the_batch_nor_stops_the_run(
         assert (record["poisoned"], record["refused"]) == (3, {"poisoned": 3, "quarantined": 7})
     finally:
         live.loop.intake.journal.close()
+
+
+def test_a_quarantined_sampler_is_refused_whole_through_exchange_and_its_slots_voided(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Every transport calls `LearnerLoop.exchange`: the forged groups of an upload are charged to the sampler that
+    uploaded them; once quarantined, its next upload is refused whole (`quarantined`, with one line saying why and
+    until when), the slots it holds are voided, and its session stops (tests/loop/test_session.py)."""
+    from heterorl.config.fingerprint import fingerprint as config_fingerprint
+    from heterorl.loop.intake import body_digest
+    from heterorl.loop.protocol import Upload
+
+    live = make_live(
+        tmp_path / "run",
+        tiny_model_dir,
+        REWARD,
+        "cluster.mode=async",
+        "cluster.eta=2",
+        "trust.verify.fraction=0",
+        "trust.reputation={window: 8, max_charges: 2}",
+    )
+    try:
+        loop = live.loop
+        groups = sample_groups(live, tiny_model_dir, 4)
+        forged = [encode_group(forged_rewards(g, "sampler-0")) for g in groups[:2]]
+        fp = config_fingerprint(live.cfg)
+
+        def upload(seq: int, bodies: list[bytes], wanted: int) -> Upload:
+            digests = tuple(body_digest(b) for b in bodies)
+            return Upload("sampler-0", "s", seq, 0, wanted, groups=tuple(bodies), digests=digests, fingerprint=fp)
+
+        first = loop.exchange(upload(0, [], 6))
+        assert first.refused == ""
+        assert first.granted == 6
+        reply = loop.exchange(upload(1, forged, 6))
+        assert [v.outcome for v in reply.verdicts] == ["reward_mismatch"] * 2
+        assert loop.trust.quarantined("sampler-0")
+        assert loop.admission.outstanding("sampler-0") == 4  # two slots settled by the refused groups
+        honest = encode_group(as_sampler(groups[2], "sampler-0", "-honest"))
+        refused = loop.exchange(upload(2, [honest], 6))
+        assert refused.refused == "quarantined"
+        assert refused.verdicts == ()
+        assert "quarantined since version 0" in refused.detail
+        assert "until the learner restarts" in refused.detail
+        assert loop.admission.outstanding("sampler-0") == 0  # its grants withdrawn
+        assert loop.intake.metrics()["net/rejected_quarantined"] == 1.0
+    finally:
+        live.loop.intake.journal.close()

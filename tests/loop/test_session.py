@@ -166,3 +166,16 @@ def test_a_restarted_learner_resets_what_the_session_was_granted() -> None:
     restarted = Reply(seq=up.seq, verdicts=(GroupVerdict("accepted"),) * 2, learner="L2", granted=0)
     s.replied(up.seq, restarted)
     assert (s.granted, s.used, s.returned, s.available) == (0, 0, 0, 0)
+
+
+def test_a_revoked_or_quarantined_sampler_stops_at_once_saying_why() -> None:
+    for reason in ("revoked", "quarantined"):
+        s = session("cluster.max_refusals_in_a_row=3")
+        s.pulled()
+        s.weights_received(0)
+        s.next_actions()
+        s.generated(groups(4), 4)
+        (up,) = sends(s.next_actions())
+        s.replied(up.seq, reply(up, refused=reason, detail="sampler 'sampler-0'"))
+        assert s.stopped == f"the learner refused it as {reason!r}: sampler 'sampler-0'"
+        assert s.counts[reason] == 4

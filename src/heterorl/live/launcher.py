@@ -224,6 +224,11 @@ def run_live(
     wall_start = time.monotonic()
     check_live_config(cfg)
     checked_model_path(cfg)
+    if cfg.trust.credentials is not None:
+        raise LiveRunError(
+            "run --live starts every sampler with one token; with trust.credentials each sampler has its own: "
+            "start `heterorl learner` and each `heterorl sampler` with its token (`heterorl keys sampler`)"
+        )
     run_dir = Path(run_dir)
     if resume and not (run_dir / "live" / "state").is_dir():
         raise LiveRunError(f"--resume: {run_dir} holds no live learner state to continue (nothing to resume)")

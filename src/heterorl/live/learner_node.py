@@ -59,8 +59,10 @@ from heterorl.run.build import (
 )
 from heterorl.run.recorder import RunRecorder
 from heterorl.run.run_dir import RunDirError, holds_run, new_run_dir, prepare_run_dir
-from heterorl.transport.http.auth import configured_token, new_token
+from heterorl.transport.http.auth import Gate, configured_token, new_token
 from heterorl.transport.http.service import start_service
+from heterorl.transport.identity import CredentialRegistry
+from heterorl.weights.signing import Signer, signer_from
 
 TAKE_POLL_S = 0.5  # how often a waiting training thread re-checks for a stop request
 PERSIST_MAX_WAIT_S = 30.0  # longest wait between two tries of a write the disk refused
@@ -80,6 +82,7 @@ class LiveLearner:
         self.summary: dict[str, Any] | None = None
         self.stop = threading.Event()
         self.notify = lambda: None  # set by the service: wakes long-polls (thread-safe)
+        self.signer: Signer | None = None  # signs the weights it serves (`open_learner` sets it)
         self.served_mark = run_dir / "live" / "served.version"
         self.marked = read_version_mark(self.served_mark)
         loop.publisher.on_published.append(self._published)
@@ -268,6 +271,13 @@ def resolve_learner_token(cfg: RunConfig) -> str:
     return token
 
 
+def resolve_learner_gate(cfg: RunConfig) -> Gate:
+    """Who may call the service: each sampler's own token from `trust.credentials`, else the run's one token."""
+    if cfg.trust.credentials is not None:
+        return Gate(credentials=CredentialRegistry(cfg.trust.credentials))
+    return Gate(token=resolve_learner_token(cfg))
+
+
 def open_learner(
     cfg: RunConfig,
     run_dir: Path,
@@ -311,6 +321,8 @@ def open_learner(
         queued = loop.restore_state(saved)
         live.checkpoint_version = saved.version
         events.emit("resumed", version=saved.version, queued=queued, path=str(saved.path))
+    # the learner's signing key in this life's epoch (the resumes so far): samplers never go back in (epoch, version)
+    live.signer = signer_from(cfg.trust.learner_private_key, loop.resumes)
     return live
 
 
@@ -338,7 +350,7 @@ def serve_learner(
         raise RunDirError(f"{run_dir} holds a run that is not a live learner's; choose another --run-dir")
     with run_dir_lock(run_dir):
         resume = _check_run_dir(cfg, run_dir, resume)
-        token = resolve_learner_token(cfg)
+        gate = resolve_learner_gate(cfg)
         run_dir = prepare_run_dir(cfg, run_dir, resume=resume)
         address = run_dir / "live" / "learner.json"
         address.unlink(missing_ok=True)
@@ -361,7 +373,7 @@ def serve_learner(
             if store is not None:
                 store.start()
             try:
-                asyncio.run(_serve(live, token, host, port, address))
+                asyncio.run(_serve(live, gate, host, port, address))
             finally:
                 if store is not None:
                     store.close()  # after the last version's upload and the `finished` marker
@@ -377,10 +389,11 @@ def serve_learner(
     return summary
 
 
-async def _serve(live: LiveLearner, token: str, host: str, port: int, address_file: Path) -> None:
-    """Serve until the training thread returns (done, or stopped by SIGTERM/SIGINT; SIGUSR1 finishes early); the
-    URL goes to `address_file`. After the last step, answer until every sampler was told, at most `linger_s`."""
-    runner, url = await start_service(live, token, host, port)
+async def _serve(live: LiveLearner, gate: Gate, host: str, port: int, address_file: Path) -> None:
+    """Serve until the training thread returns (done, or stopped by SIGTERM/SIGINT; SIGUSR1 finishes early; SIGHUP
+    reloads `trust.credentials`); the URL goes to `address_file`. After the last step, answer until every sampler
+    was told, at most `linger_s`."""
+    runner, url = await start_service(live, gate, host, port)
     loop = asyncio.get_running_loop()
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
     try:
@@ -391,11 +404,13 @@ async def _serve(live: LiveLearner, token: str, host: str, port: int, address_fi
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, live.request_stop)
         loop.add_signal_handler(signal.SIGUSR1, live.request_finish)
+        if gate.credentials is not None:
+            loop.add_signal_handler(signal.SIGHUP, gate.credentials.request_reload)
         await loop.run_in_executor(pool, live.train)
         if live.finished:
             await _linger(live)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
             loop.remove_signal_handler(sig)
         live.request_stop()
         pool.shutdown(wait=True)

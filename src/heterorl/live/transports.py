@@ -30,6 +30,7 @@ from heterorl.transport.store.manifest import MANIFEST_KEY, SAMPLERS, UPLOADS
 from heterorl.transport.store.objects import StoreSetupError, open_store
 from heterorl.transport.store.sampler import StoreSamplerSide
 from heterorl.weights import merge_patches
+from heterorl.weights.signing import authority_from
 
 if TYPE_CHECKING:
     from heterorl.live.learner_node import LiveLearner
@@ -114,7 +115,10 @@ async def open_sampler_side(
         backoff = Backoff(cfg.live.backoff_initial_s, cfg.live.backoff_max_s, random.Random(seed + 2))
         level = cfg.weights.zstd_level
         merge = lambda patches: merge_patches(patches, level=level)  # noqa: E731
-        store_side = StoreSamplerSide(objects, t.store, cfg.live, name, session_id, backoff, events, merge, reports)
+        authority = authority_from(cfg.trust.learner_public_key)  # a manifest the learner did not sign is never read
+        store_side = StoreSamplerSide(
+            objects, t.store, cfg.live, name, session_id, backoff, events, merge, reports, authority
+        )
     status = None
     try:
         http_side = None

@@ -30,7 +30,7 @@ reason:
 | config_mismatch | an upload from a sampler whose config differs from the learner's in a setting they must share |
 | not_regular | a store entry where an upload belongs that is not a regular file (FIFO, socket, device, symlink) |
 | revoked | the sampler's credential was revoked (`trust.credentials`): its session stops |
-| quarantined | the sampler is quarantined for groups that kept failing the trust checks (`loop/reputation.py`): its session stops |
+| quarantined | the sampler keeps failing the trust checks (`loop/reputation.py`): its session stops |
 | reward_mismatch | rewards other than the learner's own recomputation (`tasks/recheck.py`) |
 | unknown_prompt | a prompt that is not one of the task's training prompts |
 | replayed | the same completions (and log-probs) already came from this sampler under another group id |

@@ -21,6 +21,7 @@ from heterorl.engines.base import EngineError
 from heterorl.rollout import RolloutGroup
 from heterorl.sampler import Sampler
 from heterorl.weights import Update, WeightReceiver
+from heterorl.weights.signing import authority_from
 
 # What parsing hostile bytes can raise (PatchError and EnvelopeError are ValueErrors); a bug raises anything else
 HOSTILE_INPUT_ERRORS = (ValueError, RecursionError, OverflowError)
@@ -43,7 +44,10 @@ class SamplerWorker:
                 f"{sampler.engine.name!r} does not (set sampler.interruptible: false)"
             )
         self.index, self.sampler, self.name = index, sampler, sampler.sampler_id
-        self.receiver = receiver if receiver is not None else WeightReceiver(workers=cfg.weights.codec_threads)
+        if receiver is None:  # with the learner's public key it applies only what the learner signed
+            authority = authority_from(cfg.trust.learner_public_key)
+            receiver = WeightReceiver(workers=cfg.weights.codec_threads, authority=authority)
+        self.receiver = receiver
         self.lock = threading.Lock()  # the receiver's weights and the engine's weights
         self.interruptible = cfg.sampler.interruptible
         self.applied = self.failed = self.ignored = 0  # weight updates

@@ -142,6 +142,11 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
     return key
 
 
+def signing_key_from(private_key_path: str | Path | None) -> Ed25519PrivateKey | None:
+    """The learner's key from `trust.learner_private_key` (None: weights go unsigned)."""
+    return None if private_key_path is None else load_private_key(private_key_path)
+
+
 def signer_from(private_key_path: str | Path | None, epoch: int) -> Signer | None:
     """The learner's signer from `trust.learner_private_key` (None: weights go unsigned, as before)."""
     return None if private_key_path is None else Signer(load_private_key(private_key_path), epoch)

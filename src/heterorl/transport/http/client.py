@@ -33,7 +33,8 @@ class LearnerUnreachableError(RuntimeError):
 
 
 class AuthError(RuntimeError):
-    """The learner refused the credential (401): retrying cannot help."""
+    """The learner refused the credential (401) or this sampler (403: revoked, quarantined, unknown): retrying
+    cannot help."""
 
 
 class ProtocolError(RuntimeError):
@@ -135,6 +136,13 @@ class LearnerClient:
             return None
         if status == 410:
             return FINISHED
+        if status == 403 and body.startswith(REPLY_MAGIC):
+            try:
+                reply = decode_reply(body, 0)
+            except WireError:
+                reply = None
+            if reply is not None and reply.refused:
+                raise AuthError(f"the learner at {self.url} refused this sampler as {reply.refused!r}: {reply.detail}")
         raise ProtocolError(f"GET {self.url}/v1/weights answered {status}: {body[:200]!r}")
 
     async def exchange(self, upload: Upload) -> Reply:

@@ -4,7 +4,8 @@ thread, the signals and the durability; this module only answers requests.
 
     GET  /v1/weights?version=V&hash=H&wait=S&sampler=NAME&session=ID&idle=X&failed=F    bearer token
          200: a weight-update envelope (envelope.py): the store's smallest correct update from (V, H) -- patch,
-              merged patch, or snapshot (+ patch). No V/H: a snapshot.
+              merged patch, or snapshot (+ patch). No V/H: a snapshot. Signed by the learner's key when it has one
+              (`trust.learner_private_key`, weights/signing.py).
          204: V/H is the newest version; the request first waits up to min(S, live.poll_seconds) for a newer one
          410: the run is finished;  503: nothing published yet
     POST /v1/exchange                                                bearer token
@@ -12,8 +13,12 @@ thread, the signals and the durability; this module only answers requests.
          answer: a reply (`transport.wire`: one verdict per group, admission totals, newest version), with the
          status of the first group not taken (`transport/http/status.py`: 200 when every group was taken, 422 for a
          refused group, 503 for a full queue, 410 finished), or of the refusal of the whole upload (400 malformed,
-         401 unauthorized, 403 unknown sampler, 413 too large, 408 timeout, 422 a version never published).
+         401 unauthorized, 403 unknown sampler, revoked or quarantined, 413 too large, 408 timeout, 422 a version
+         never published).
     GET  /v1/status                                                  public: JSON progress and counters
+
+The bearer token is checked by `auth.Gate`: the run's one token, or with `trust.credentials` each sampler's own,
+which binds the request to that sampler's name (a request naming another sampler is refused: 401 unauthorized).
 
 The service speaks plain HTTP; put it behind a TLS-terminating reverse proxy off a trusted network
 (docs/deployment.md). CPU work (update merging, upload decoding, journaling) runs in worker threads so the event
@@ -37,11 +42,12 @@ from heterorl.config import RunConfig
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.loop.protocol import Reply
 from heterorl.rollout_codec import GroupLimits, max_message_bytes
-from heterorl.transport.http.auth import bearer_matches
+from heterorl.transport.http.auth import Gate
 from heterorl.transport.http.guard import Guard, GuardedRunner
 from heterorl.transport.http.status import REJECTION_STATUS, status_of, upload_status
 from heterorl.transport.wire import MAX_HEADER_BYTES, WireError, decode_upload, encode_reply
-from heterorl.weights.envelope import encode_update
+from heterorl.weights.envelope import encode_update, sign_update
+from heterorl.weights.signing import Signer
 
 
 class LearnerEndpoint(Protocol):
@@ -53,6 +59,7 @@ class LearnerEndpoint(Protocol):
     finished: bool
     told_finished: set[str]
     notify: Callable[[], None]
+    signer: Signer | None  # the learner's signing key in this life's epoch (None: weights go unsigned)
 
     def status(self) -> dict[str, Any]: ...
 
@@ -137,10 +144,6 @@ def _reply(reply: Reply, status: int) -> web.Response:
     )
 
 
-def _authorized(request: web.Request, token: str) -> bool:
-    return bearer_matches(request.headers.get("Authorization"), token)
-
-
 def max_upload_bytes(cfg: RunConfig, limits: GroupLimits) -> int:
     """The largest upload body a learner reads: its header plus `groups_per_upload` of the largest group it could
     accept, never more than `live.max_body_bytes` (often far below it)."""
@@ -148,8 +151,11 @@ def max_upload_bytes(cfg: RunConfig, limits: GroupLimits) -> int:
     return min(cfg.live.max_body_bytes, MAX_HEADER_BYTES + cfg.cluster.groups_per_upload * largest)
 
 
-def build_app(live: LearnerEndpoint, token: str) -> web.Application:
-    """The aiohttp application of one learner (routes above); `token` guards everything but status."""
+def build_app(live: LearnerEndpoint, gate: Gate | str) -> web.Application:
+    """The aiohttp application of one learner (routes above); `gate` (or the run's one token) guards everything but
+    status."""
+    if isinstance(gate, str):
+        gate = Gate(token=gate)
     cfg = live.cfg
     max_body = max_upload_bytes(cfg, live.loop.intake.limits(0))
     uploads = 0  # upload bodies being read now (bounded: each one is buffered whole)
@@ -163,8 +169,9 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
         live.notify = notifier.notify_threadsafe
 
     async def weights(request: web.Request) -> web.StreamResponse:
-        if not _authorized(request, token):
-            return _refuse(live, "unauthorized")
+        who = gate.check(request.headers.get("Authorization"))
+        if not who.ok:
+            return _refuse(live, who.reason, f"sampler {who.name!r}" if who.name else "")
         q = request.query
         try:
             version = _query_int(q.get("version"))
@@ -176,6 +183,10 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
             failed = _query_int(q.get("failed"))
         except QueryError as err:
             return _refuse(live, "malformed", str(err))
+        wrong = gate.acts_as(who, sampler)
+        if wrong is not None:
+            return _refuse(live, "unauthorized", wrong)
+        sampler = sampler or who.name
         if sampler is not None:
             learner.heard(sampler, session, version, idle, failed)
         notifier = request.app[NOTIFIER_KEY]
@@ -193,14 +204,15 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
         update = await loop.run_in_executor(None, store.update_for, version, held_hash)
         if update.kind == "noop":
             return web.Response(status=204, headers={"X-Heterorl-Version": str(update.version)})
-        body = encode_update(update)
+        body = encode_update(sign_update(update, live.signer))
         learner.traffic.sent(update.version, len(body), learner.full_update_nbytes())
         return web.Response(body=body, content_type="application/octet-stream")
 
     async def exchange(request: web.Request) -> web.StreamResponse:
         nonlocal uploads
-        if not _authorized(request, token):
-            return _refuse(live, "unauthorized")
+        who = gate.check(request.headers.get("Authorization"))
+        if not who.ok:
+            return _refuse(live, who.reason, f"sampler {who.name!r}" if who.name else "")
         if request.content_length is not None and request.content_length > max_body:
             return _refuse(live, "too_large", f"{request.content_length} bytes > {max_body}")
         if uploads >= cfg.live.max_concurrent_uploads:  # transient: the client sends the same upload again later
@@ -226,6 +238,9 @@ def build_app(live: LearnerEndpoint, token: str) -> web.Application:
             upload = await loop.run_in_executor(None, decode_upload, body, cfg.cluster.groups_per_upload)
         except WireError as err:
             return _refuse(live, "malformed", str(err))
+        wrong = gate.acts_as(who, upload.sampler)
+        if wrong is not None:
+            return _refuse(live, "unauthorized", wrong)
         reply = await loop.run_in_executor(None, learner.exchange, upload)
         if reply.finished and upload.sampler in learner.peers.names:
             live.told_finished.add(upload.sampler)
@@ -249,7 +264,7 @@ def _url(host: str, port: int) -> str:
     return f"http://[{local}]:{port}" if ":" in local else f"http://{local}:{port}"
 
 
-def make_runner(live: LearnerEndpoint, token: str) -> GuardedRunner:
+def make_runner(live: LearnerEndpoint, gate: Gate | str) -> GuardedRunner:
     """The application behind the HTTP layer's guard (`guard.py`), counting its refusals like the routes do."""
     cfg = live.cfg.live
 
@@ -257,13 +272,13 @@ def make_runner(live: LearnerEndpoint, token: str) -> GuardedRunner:
         live.loop.intake.reject(reason, detail)
 
     guard = Guard(cfg.max_connections, cfg.header_timeout_s, count=count, log=live.events.emit)
-    return GuardedRunner(build_app(live, token), guard, access_log=None, handle_signals=False)
+    return GuardedRunner(build_app(live, gate), guard, access_log=None, handle_signals=False)
 
 
-async def start_service(live: LearnerEndpoint, token: str, host: str, port: int) -> tuple[GuardedRunner, str]:
+async def start_service(live: LearnerEndpoint, gate: Gate | str, host: str, port: int) -> tuple[GuardedRunner, str]:
     """Start serving on host:port (0: any free port); returns the runner (await `runner.cleanup()` to stop) and
     the URL samplers connect to."""
-    runner = make_runner(live, token)
+    runner = make_runner(live, gate)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     return runner, _url(host, runner.addresses[0][1])

@@ -20,6 +20,7 @@ from heterorl.transport.store.intake import StoreIntake, read_heartbeats
 from heterorl.transport.store.manifest import UPLOADS
 from heterorl.transport.store.objects import ObjectStore, StoreSetupError, StoreUnavailable
 from heterorl.transport.store.publisher import StorePublisher
+from heterorl.weights.signing import signing_key_from
 
 MAX_BACKOFF_S = 30.0
 
@@ -46,7 +47,10 @@ class StoreLearnerSide:
         self.publisher: StorePublisher | None = None
         self.intake: StoreIntake | None = None
         if cfg.transport.weights == "store":
-            self.publisher = StorePublisher(objects, loop.store, store_cfg, resume=resume, on_uploaded=self._uploaded)
+            key = signing_key_from(cfg.trust.learner_private_key)  # signs every object and manifest, when set
+            self.publisher = StorePublisher(
+                objects, loop.store, store_cfg, resume=resume, on_uploaded=self._uploaded, signing_key=key
+            )
             loop.publisher.on_published.append(self.publisher.published)
         elif not resume and objects.list(UPLOADS):
             raise StoreSetupError(f"{objects.url} already holds uploads: use a new prefix for every run")

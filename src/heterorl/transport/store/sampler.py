@@ -27,6 +27,7 @@ from heterorl.transport.store.intake import reply_key, upload_key
 from heterorl.transport.store.objects import ObjectMissing, ObjectStore, StoreUnavailable
 from heterorl.transport.store.source import StoreUnreachableError, StoreWeightSource
 from heterorl.transport.wire import WireError, decode_reply, encode_upload
+from heterorl.weights.signing import Authority
 
 MAX_REPLY_BYTES = 1 << 20
 
@@ -45,10 +46,11 @@ class StoreSamplerSide:
         events: EventLog,
         merge: Callable[[list[bytes]], bytes],
         reports: Callable[[], tuple[float | None, int]],
+        authority: Authority | None = None,
     ) -> None:
         self.objects, self.cfg, self.live, self.name, self.session = objects, cfg, live, name, session
         self.backoff, self.events, self.reports = backoff, events, reports
-        self.source = StoreWeightSource(objects, cfg, live, name, backoff, events, merge, session)
+        self.source = StoreWeightSource(objects, cfg, live, name, backoff, events, merge, session, authority)
         self.uploads: Counter[str] = Counter()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
