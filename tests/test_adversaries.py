@@ -107,3 +107,35 @@ def test_adversaries_must_name_sampler_nodes_and_frictions_need_the_checks_off()
     load_config(
         None, ["sampler.frictions.reward_corruption=0.2", "trust.recheck_rewards=false", "trust.verify.fraction=0"]
     )
+
+
+def test_a_lying_sampler_in_the_simulator_is_caught_quarantined_and_stopped_while_the_run_goes_on(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Through proto's SamplerNode and session on the virtual clock: the liar's groups are refused and charged
+    (reward_mismatch) until it is quarantined; its next upload is refused whole, its session stops, and the honest
+    sampler alone finishes the run."""
+    from conftest import tiny_config
+    from heterorl.simulated.run import execute
+
+    cfg = tiny_config(
+        tiny_model_dir,
+        "learner.steps=4",
+        "eval.every=4",
+        "cluster.mode=async",
+        "cluster.eta=1",
+        "cluster.samplers=[{name: honest}, {name: liar}]",
+        "adversaries={liar: {kind: forged_rewards}}",
+        "trust.reputation={window: 8, max_charges: 2}",
+    )
+    summary = execute(cfg, tmp_path / "run", show_progress=False)
+    liar, honest = summary["trust"]["liar"], summary["trust"]["honest"]
+    assert liar["accepted"] == 0
+    assert liar["refused"]["reward_mismatch"] >= 2
+    assert liar["quarantined_at"] is not None
+    assert honest["accepted"] >= 4 * cfg.learner.groups_per_step
+    assert sum(honest["refused"].values()) == 0
+    assert summary["net"]["rejected"]["reward_mismatch"] == liar["refused"]["reward_mismatch"]
+    assert "refused it as 'quarantined'" in summary["samplers"]["liar"]["stopped"]
+    assert summary["samplers"]["honest"]["stopped"] is None
+    assert summary["admission"]["samplers"]["liar"]["outstanding"] == 0

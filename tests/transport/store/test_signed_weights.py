@@ -62,7 +62,9 @@ def source(objects: FsspecStore, authority: Authority | None) -> StoreWeightSour
     cfg = StoreConfig(poll_seconds=0.01, retention_seconds=3600)
     backoff = Backoff(0.01, 0.05, random.Random(0))
     events = EventLog(io.StringIO())
-    return StoreWeightSource(objects, cfg, LiveConfig(patience_s=30), "s0", backoff, events, merge_patches, authority)
+    return StoreWeightSource(
+        objects, cfg, LiveConfig(patience_s=30), "s0", backoff, events, merge_patches, authority=authority
+    )
 
 
 def pull(src: StoreWeightSource, receiver: WeightReceiver) -> bool:
