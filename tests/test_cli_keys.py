@@ -46,3 +46,20 @@ def test_a_sampler_token_works_until_it_is_revoked(tmp_path: Path) -> None:
     bad = run("keys", "sampler", "bad name", "--credentials", str(creds), "--out", str(tmp_path / "x"))
     assert bad.exit_code == 1
     assert "not a cluster.samplers name" in bad.output
+
+
+def test_a_sampler_key_signs_store_uploads_the_learner_accepts(tmp_path: Path) -> None:
+    from heterorl.transport.identity import sign_upload
+
+    creds, key_file = tmp_path / "credentials.yaml", tmp_path / "s0.key"
+    result = run("keys", "sampler", "s0", "--credentials", str(creds), "--out", str(key_file), "--ed25519")
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    key = load_private_key(key_file, "trust.sampler_private_key")  # what a sampler loads
+    registry = CredentialRegistry(creds)
+    who, upload = registry.open_upload("s0", "boot", 7, sign_upload(key, "s0", "boot", 7, b"an upload"))
+    assert who.ok
+    assert upload == b"an upload"
+    assert registry.open_upload("s0", "boot", 8, sign_upload(key, "s0", "boot", 7, b"an upload"))[0].reason == (
+        "unauthorized"
+    )

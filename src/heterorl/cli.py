@@ -502,22 +502,40 @@ def keys_new(
 def keys_sampler(
     name: Annotated[str, typer.Argument(help="The sampler's name in cluster.samplers.")],
     credentials: CredentialsOpt,
-    out: Annotated[Path, typer.Option("--out", help="Write the sampler's token here (mode 600); it is not shown.")],
+    out: Annotated[
+        Path, typer.Option("--out", help="Write the sampler's token (or key) here (mode 600); it is not shown.")
+    ],
+    ed25519: Annotated[
+        bool,
+        typer.Option("--ed25519", help="An Ed25519 key pair instead of a token: what store uploads are signed with."),
+    ] = False,
 ) -> None:
-    """Give sampler NAME its own credential: a fresh token written to --out for that sampler alone, its SHA-256
-    added to the credentials file (replacing any credential NAME had). A running learner picks it up at once."""
+    """Give sampler NAME its own credential: a fresh token (live.token_file) or, with --ed25519, a private key
+    (trust.sampler_private_key) written to --out for that sampler alone; its SHA-256 or public key goes into the
+    credentials file (replacing any credential NAME had). A running learner picks it up at once."""
     import os
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from heterorl.transport.identity import add_sampler
 
     if out.exists():
-        raise typer.BadParameter(f"{out} exists; refusing to overwrite a token")
-    token = add_sampler(credentials, name)
-    assert token is not None
+        raise typer.BadParameter(f"{out} exists; refusing to overwrite a credential")
+    key = Ed25519PrivateKey.generate() if ed25519 else None
+    token = add_sampler(credentials, name, key=key)
+    if key is not None:
+        text = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ).decode()
+    else:
+        assert token is not None
+        text = token + "\n"
     fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    typer.echo(f"{name}: token written to {out}; its hash is in {credentials}")
+        f.write(text)
+    what = "key" if key is not None else "token"
+    typer.echo(f"{name}: {what} written to {out}; its {'public key' if key else 'hash'} is in {credentials}")
 
 
 @keys_app.command("revoke", cls=Command)

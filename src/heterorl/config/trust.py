@@ -77,6 +77,12 @@ class TrustConfig(Strict):
         min_length=1,
         description="Sampler: the learner's public key; then it applies only weights the learner signed.",
     )
+    sampler_private_key: str | None = Field(
+        None,
+        min_length=1,
+        description="Sampler: its own Ed25519 PEM key (mode 600; `heterorl keys sampler NAME --ed25519`); it signs "
+        "every upload it writes to a store, which a learner with trust.credentials requires.",
+    )
     credentials: str | None = Field(
         None,
         min_length=1,

@@ -30,7 +30,7 @@ from heterorl.transport.store.manifest import MANIFEST_KEY, SAMPLERS, UPLOADS
 from heterorl.transport.store.objects import StoreSetupError, open_store
 from heterorl.transport.store.sampler import StoreSamplerSide
 from heterorl.weights import merge_patches
-from heterorl.weights.signing import authority_from
+from heterorl.weights.signing import authority_from, signing_key_from
 
 if TYPE_CHECKING:
     from heterorl.live.learner_node import LiveLearner
@@ -116,8 +116,9 @@ async def open_sampler_side(
         level = cfg.weights.zstd_level
         merge = lambda patches: merge_patches(patches, level=level)  # noqa: E731
         authority = authority_from(cfg.trust.learner_public_key)  # a manifest the learner did not sign is never read
+        key = signing_key_from(cfg.trust.sampler_private_key, "trust.sampler_private_key")  # signs its uploads
         store_side = StoreSamplerSide(
-            objects, t.store, cfg.live, name, session_id, backoff, events, merge, reports, authority
+            objects, t.store, cfg.live, name, session_id, backoff, events, merge, reports, authority, key
         )
     status = None
     try:

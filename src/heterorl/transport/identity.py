@@ -9,11 +9,14 @@ The credentials file (`trust.credentials`, YAML or JSON) maps each sampler name 
 
 Tokens are 256-bit random strings (`new_token`), so a plain SHA-256 is enough at rest (no password stretching is
 needed to resist guessing), and a leaked file does not let anyone act as a sampler. Comparisons are constant-time
-(`hmac.compare_digest`). A store transport has no bearer: there the sampler signs what it uploads with its key.
+(`hmac.compare_digest`). A store transport has no bearer: there the sampler signs every upload with its own
+Ed25519 key (`sign_upload`: the object is `SIGNED_UPLOAD` | signature | upload, the signature over its sampler name,
+session, seq and the BLAKE2b-256 of the upload), and the learner checks it with the key in the file (`open_upload`),
+so whoever can write the store cannot upload as a sampler, nor under another sampler's prefix.
 
 Revoking a sampler -- `revoked: true`, or removing its entry -- refuses it from the next request on, without a
 restart and without touching the others: every check first looks at the file's (inode, size, mtime) and reloads
-it when it changed; `request_reload` (the learner's SIGHUP handler, `install_sighup`) forces a reload. A file that
+it when it changed; `request_reload` (the learner's SIGHUP handler) forces a reload. A file that
 does not parse keeps the previous credentials in force (a typo must not lock every sampler out), counts the
 failure, says why in `last_error`, and is read again as soon as it changes.
 
@@ -28,9 +31,7 @@ import hmac
 import os
 import re
 import secrets
-import signal
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from heterorl.errors import SetupError
 
+SIGNED_UPLOAD = b"HRLSUP01"
+UPLOAD_DOMAIN = b"heterorl/upload/v1\x00"
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # cluster.samplers' names
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MAX_FILE_BYTES = 4 * 2**20
@@ -225,10 +228,27 @@ class CredentialRegistry:
             return AuthResult(False, name, "unauthorized")
         return AuthResult(True, name)
 
+    def open_upload(self, sampler: str, session: str, seq: int, data: bytes) -> tuple[AuthResult, bytes]:
+        """(verdict, the upload's bytes) of a store object under sampler/session/seq: it must be signed by that
+        sampler's registered key (`sign_upload`); else unknown_sampler, revoked, or unauthorized (unsigned, another
+        key, another sampler's name)."""
+        n = len(SIGNED_UPLOAD) + 64
+        if len(data) < n or not data.startswith(SIGNED_UPLOAD):
+            _, refused = self._known(sampler)
+            return (refused or AuthResult(False, sampler, "unauthorized")), b""
+        upload, signature = data[n:], data[len(SIGNED_UPLOAD) : n].hex()
+        return self.check_signature(sampler, upload_statement(sampler, session, seq, upload), signature), upload
 
-def install_sighup(registry: CredentialRegistry) -> Callable[..., Any] | int | None:
-    """Make SIGHUP reload the credentials (main thread only); returns the previous handler."""
-    return signal.signal(signal.SIGHUP, lambda signum, frame: registry.request_reload())
+
+def upload_statement(sampler: str, session: str, seq: int, upload: bytes) -> bytes:
+    """What a sampler signs for one store upload: its name, session, seq and the upload's BLAKE2b-256."""
+    head = f"{sampler}\x00{session}\x00{seq}\x00".encode()
+    return UPLOAD_DOMAIN + head + hashlib.blake2b(upload, digest_size=32).digest()
+
+
+def sign_upload(key: Ed25519PrivateKey, sampler: str, session: str, seq: int, upload: bytes) -> bytes:
+    """The store object of a signed upload (`SIGNED_UPLOAD` | 64-byte signature | upload)."""
+    return SIGNED_UPLOAD + key.sign(upload_statement(sampler, session, seq, upload)) + upload
 
 
 # ---------------------------------------------------------------- editing the file (the `heterorl keys` commands)

@@ -117,17 +117,18 @@ def _read(path: str | Path, what: str) -> bytes:
     return p.read_bytes()
 
 
-def load_private_key(path: str | Path) -> Ed25519PrivateKey:
-    """The learner's signing key; refused when group or others may read it (chmod 600)."""
+def load_private_key(path: str | Path, setting: str = "trust.learner_private_key") -> Ed25519PrivateKey:
+    """A signing key (the learner's, or a sampler's: `setting` names it in errors); refused when group or others
+    may read it (chmod 600)."""
     mode = stat.S_IMODE(Path(path).stat().st_mode) if Path(path).is_file() else 0
     if mode & 0o077:
-        raise KeyFileError(f"trust.learner_private_key: {path} is readable by others (mode {mode:o}); chmod 600 it")
+        raise KeyFileError(f"{setting}: {path} is readable by others (mode {mode:o}); chmod 600 it")
     try:
-        key = serialization.load_pem_private_key(_read(path, "trust.learner_private_key"), password=None)
+        key = serialization.load_pem_private_key(_read(path, setting), password=None)
     except (ValueError, TypeError) as err:
-        raise KeyFileError(f"trust.learner_private_key: {path} is not an unencrypted PEM private key ({err})") from None
+        raise KeyFileError(f"{setting}: {path} is not an unencrypted PEM private key ({err})") from None
     if not isinstance(key, Ed25519PrivateKey):
-        raise KeyFileError(f"trust.learner_private_key: {path} holds a {type(key).__name__}, not an Ed25519 key")
+        raise KeyFileError(f"{setting}: {path} holds a {type(key).__name__}, not an Ed25519 key")
     return key
 
 
@@ -142,9 +143,11 @@ def load_public_key(path: str | Path) -> Ed25519PublicKey:
     return key
 
 
-def signing_key_from(private_key_path: str | Path | None) -> Ed25519PrivateKey | None:
-    """The learner's key from `trust.learner_private_key` (None: weights go unsigned)."""
-    return None if private_key_path is None else load_private_key(private_key_path)
+def signing_key_from(
+    private_key_path: str | Path | None, setting: str = "trust.learner_private_key"
+) -> Ed25519PrivateKey | None:
+    """A key from its setting's path (None when the setting is not set)."""
+    return None if private_key_path is None else load_private_key(private_key_path, setting)
 
 
 def signer_from(private_key_path: str | Path | None, epoch: int) -> Signer | None:

@@ -30,6 +30,7 @@ import xxhash
 
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.loop.protocol import Reply
+from heterorl.transport.identity import CredentialRegistry
 from heterorl.transport.store.manifest import REPLIES, SAMPLERS, UPLOADS
 from heterorl.transport.store.objects import ObjectInfo, ObjectMissing, ObjectNotRegular, ObjectStore, ObjectTimeout
 from heterorl.transport.wire import WireError, decode_upload, encode_reply
@@ -50,8 +51,16 @@ def reply_key(sampler: str, session: str, seq: int) -> str:
 class StoreIntake:
     """One pass over the store's uploads per `poll` call (run by the learner's store thread)."""
 
-    def __init__(self, objects: ObjectStore, loop: LearnerLoop, max_body_bytes: int, max_groups: int) -> None:
+    def __init__(
+        self,
+        objects: ObjectStore,
+        loop: LearnerLoop,
+        max_body_bytes: int,
+        max_groups: int,
+        credentials: CredentialRegistry | None = None,
+    ) -> None:
         self.objects, self.loop, self.max_body, self.max_groups = objects, loop, max_body_bytes, max_groups
+        self.credentials = credentials  # `trust.credentials`: every upload signed by its sampler's key
         self.counts: Counter[str] = Counter()  # what happened to upload objects (the loop counts the groups)
         self.downloaded = 0
         self.refused_entries: set[str] = set()  # keys of entries that are not regular files, counted already
@@ -101,6 +110,11 @@ class StoreIntake:
         if xxhash.xxh3_128_hexdigest(body) != digest:
             reply = self._refuse("corrupt", "the upload does not match the digest in its key", seq)
             return self._answer(info.key, sampler, session, seq, reply)
+        if self.credentials is not None:
+            who, body = self.credentials.open_upload(sampler, session, seq, body)
+            if not who.ok:
+                detail = f"the upload under {sampler[:64]!r} is not signed by its key"
+                return self._answer(info.key, sampler, session, seq, self._refuse(who.reason, detail, seq))
         try:
             upload = decode_upload(body, self.max_groups)
         except WireError as err:

@@ -15,6 +15,7 @@ from typing import Any
 from heterorl.config import RunConfig
 from heterorl.eventlog import EventLog
 from heterorl.loop.learner_loop import LearnerLoop
+from heterorl.transport.identity import CredentialRegistry
 from heterorl.transport.store.cadence import Cadence
 from heterorl.transport.store.intake import StoreIntake, read_heartbeats
 from heterorl.transport.store.manifest import UPLOADS
@@ -55,7 +56,10 @@ class StoreLearnerSide:
         elif not resume and objects.list(UPLOADS):
             raise StoreSetupError(f"{objects.url} already holds uploads: use a new prefix for every run")
         if cfg.transport.rollouts == "store":
-            self.intake = StoreIntake(objects, loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload)
+            credentials = None if cfg.trust.credentials is None else CredentialRegistry(cfg.trust.credentials)
+            self.intake = StoreIntake(
+                objects, loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload, credentials
+            )
         self.cadence = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds)
         self._heartbeats: dict[str, Any] = {}
         self._stop = threading.Event()

@@ -17,11 +17,14 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from heterorl.config import LiveConfig, StoreConfig
 from heterorl.eventlog import EventLog
 from heterorl.loop.protocol import Reply, Upload
 from heterorl.transport.backoff import Backoff
 from heterorl.transport.base import Held
+from heterorl.transport.identity import sign_upload
 from heterorl.transport.store.cadence import Cadence
 from heterorl.transport.store.intake import reply_key, upload_key
 from heterorl.transport.store.objects import ObjectMissing, ObjectStore, StoreUnavailable
@@ -47,9 +50,11 @@ class StoreSamplerSide:
         merge: Callable[[list[bytes]], bytes],
         reports: Callable[[], tuple[float | None, int]],
         authority: Authority | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
         self.objects, self.cfg, self.live, self.name, self.session = objects, cfg, live, name, session
         self.backoff, self.events, self.reports = backoff, events, reports
+        self.signing_key = signing_key  # signs every upload (`transport.identity.sign_upload`) when set
         self.source = StoreWeightSource(objects, cfg, live, name, backoff, events, merge, session, authority)
         self.uploads: Counter[str] = Counter()
         self.tasks: set[asyncio.Task[Any]] = set()
@@ -70,6 +75,8 @@ class StoreSamplerSide:
 
     async def _exchange(self, upload: Upload) -> Reply:
         body = encode_upload(upload)
+        if self.signing_key is not None:
+            body = sign_upload(self.signing_key, self.name, self.session, upload.seq, body)
         await self._retry(
             "put upload", lambda: self.objects.put(upload_key(self.name, self.session, upload.seq, body), body)
         )
