@@ -78,7 +78,10 @@ def tampered(group: RolloutGroup, change: Callable[[RolloutGroup], None]) -> byt
 
 @pytest.fixture
 def live(tmp_path: Path, tiny_model_dir: Path, varied_reward: str) -> Iterator[LiveLearner]:
-    live = make_live(tmp_path / "run", tiny_model_dir, varied_reward, "learner.steps=2")
+    # every refusal once from one sampler: more charged groups than would quarantine it (tests/loop/test_screen.py)
+    live = make_live(
+        tmp_path / "run", tiny_model_dir, varied_reward, "learner.steps=2", "trust.reputation.max_charges=100"
+    )
     yield live
     live.request_stop()
     live.loop.intake.journal.close()
