@@ -14,6 +14,8 @@ queued):
 
     python benchmarks/kill9.py                  # every scenario
     python benchmarks/kill9.py --only state.written:2
+    python benchmarks/kill9.py --trust          # samplers with their own tokens, weights signed (a resumed
+                                                # learner signs in a new epoch: samplers must follow it)
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from heterorl.failpoints import ENV
 from heterorl.metrics import read_metrics
 from heterorl.policy import Policy
 from heterorl.rollout_codec import GroupLimits, decode_group
+from heterorl.transport.identity import add_sampler
+from heterorl.weights.signing import write_keypair
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 STEPS = 10
@@ -73,7 +77,17 @@ def wait(condition, timeout: float, what: str) -> None:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-def scenario(work: Path, model: Path, failpoint: str | None, kill_after_steps: int) -> dict:
+def trust_overrides(work: Path) -> tuple[list[str], dict[str, dict[str, str]]]:
+    """Config overrides and each sampler's environment for a run with identities and signed weights."""
+    private, public = write_keypair(work / "keys")
+    credentials = work / "credentials.yaml"
+    env = {name: {"HETERORL_TOKEN": str(add_sampler(credentials, name))} for name in ("a", "b")}
+    keys = [f"trust.learner_private_key={private}", f"trust.learner_public_key={public}"]
+    return [*keys, f"trust.credentials={credentials}"], env
+
+
+def scenario(work: Path, model: Path, failpoint: str | None, kill_after_steps: int, trust: bool = False) -> dict:
+    overrides, sampler_env = trust_overrides(work) if trust else ([], {})
     cfg = load_config(
         None,
         [
@@ -94,6 +108,7 @@ def scenario(work: Path, model: Path, failpoint: str | None, kill_after_steps: i
             "live.backoff_max_s=0.5",
             "eval.every=100",
             "task.eval_size=8",
+            *overrides,
         ],
     )
     config, run, logs = work / "config.yaml", work / "run", work / "logs"
@@ -116,7 +131,16 @@ def scenario(work: Path, model: Path, failpoint: str | None, kill_after_steps: i
             "learner-1", "learner", str(config), "--run-dir", str(run), extra={ENV: failpoint} if failpoint else {}
         )
         for i, name in enumerate(("a", "b")):
-            start(name, "sampler", str(config), "--connect-file", str(address), "--index", str(i))
+            start(
+                name,
+                "sampler",
+                str(config),
+                "--connect-file",
+                str(address),
+                "--index",
+                str(i),
+                extra=sampler_env.get(name),
+            )
         wait(address.is_file, 120, "the learner to listen")
         url = json.loads(address.read_text())["url"]
         if failpoint is None:
@@ -183,6 +207,7 @@ def verify(run: Path, logs: Path, code: int, killed_at: int, acked_before: set[s
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="run the scenarios whose name contains this")
+    parser.add_argument("--trust", action="store_true", help="per-sampler tokens and signed weights")
     args = parser.parse_args(argv)
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -195,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             work = root / f"s{i}"
             work.mkdir()
             began = time.monotonic()
-            row = scenario(work, root / "model", failpoint, steps)
+            row = scenario(work, root / "model", failpoint, steps, trust=args.trust)
             bad += row["lost"] + row["trained twice"] + (not row["records 1..S once"]) + (row["exit"] != -9)
             print(f"| {name} | " + " | ".join(str(v) for v in row.values()) + f" | {time.monotonic() - began:.0f} s |")
             sys.stdout.flush()
