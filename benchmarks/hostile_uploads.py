@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from heterorl.config import ModelConfig, config_to_yaml, load_config
+from heterorl.config.fingerprint import fingerprint
 from heterorl.loop.intake import body_digest
 from heterorl.loop.protocol import Upload
 from heterorl.policy import Policy
@@ -92,6 +93,7 @@ def raw(addr: tuple[str, int], request: bytes, timeout: float = 10.0) -> tuple[i
 
 
 SEQ = itertools.count()
+FINGERPRINT: dict[str, str] = {}  # the learner's config fingerprint: the attacker's config agrees (else 409)
 
 
 def post(
@@ -101,7 +103,8 @@ def post(
     bytes as the whole body."""
     body = group
     if wrap:
-        upload = Upload("a", "hostile", next(SEQ), 0, groups=(group,), digests=(digest or body_digest(group),))
+        digests = (digest or body_digest(group),)
+        upload = Upload("a", "hostile", next(SEQ), 0, groups=(group,), digests=digests, fingerprint=FINGERPRINT)
         body = encode_upload(upload)
     head = (
         b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token + b"\r\n"
@@ -160,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             "live.checkpoint_every=1",
             "eval.every=100",
             "task.eval_size=8",
+            "trust.reputation.max_charges=1000",  # every attack from one sampler, each with its own reason
         ],
     )
+    FINGERPRINT.update(fingerprint(cfg))
     config = work / "config.yaml"
     config.write_text(config_to_yaml(cfg))
     env = {**os.environ, "HETERORL_TOKEN": TOKEN, "OMP_NUM_THREADS": "1"}
