@@ -7,6 +7,8 @@ learner's version-0 weights, then altered. Prints a markdown table, then the mem
 
     python benchmarks/hostile_uploads.py
     python benchmarks/hostile_uploads.py --disk-full     # also fill a small tmpfs under the run (needs root)
+    python benchmarks/hostile_uploads.py --trust         # per-sampler tokens and signed weights; adds the rows
+                                                         # of another sampler's token and of a revoked one
 """
 
 from __future__ import annotations
@@ -39,10 +41,13 @@ from heterorl.policy import Policy
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import MAGIC, encode_group
 from heterorl.run.build import build_sampler
+from heterorl.transport.identity import hash_token, revoke_sampler
 from heterorl.transport.wire import REPLY_MAGIC, decode_reply, encode_upload
+from heterorl.weights.signing import write_keypair
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 TOKEN = "hostile-benchmark-token-" + "h" * 16
+OTHER_TOKEN = "hostile-benchmark-other-" + "o" * 16  # sampler b's own token (with --trust)
 
 
 def status(url: str) -> dict:
@@ -134,9 +139,25 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def write_credentials(work: Path) -> None:
+    """The credentials file: sampler a holds TOKEN, b OTHER_TOKEN (written again: a's revocation is lifted)."""
+    credentials = {"samplers": {n: {"token_sha256": hash_token(t)} for n, t in (("a", TOKEN), ("b", OTHER_TOKEN))}}
+    tmp = work / "credentials.tmp"
+    tmp.write_text(json.dumps(credentials))
+    tmp.replace(work / "credentials.yaml")
+
+
+def trust_overrides(work: Path) -> list[str]:
+    """Per-sampler credentials and a learner key pair."""
+    write_credentials(work)
+    private, _ = write_keypair(work / "keys")
+    return [f"trust.credentials={work / 'credentials.yaml'}", f"trust.learner_private_key={private}"]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--disk-full", action="store_true", help="also fill a tmpfs mounted over the run (root)")
+    parser.add_argument("--trust", action="store_true", help="per-sampler tokens (a holds TOKEN) and signed weights")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="hostile-"))
     model = work / "model"
@@ -164,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             "eval.every=100",
             "task.eval_size=8",
             "trust.reputation.max_charges=1000",  # every attack from one sampler, each with its own reason
+            *(trust_overrides(work) if args.trust else []),
         ],
     )
     FINGERPRINT.update(fingerprint(cfg))
@@ -262,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         row("a body larger than any valid upload", lambda: post(addr, b"z" * 2_000_000, wrap=False))
         row("no token", lambda: post(addr, encode_group(g), token=b""))
         row("a token that is not UTF-8", lambda: post(addr, encode_group(g), token=b"\xff\xfe\xc3("))
+        if args.trust:
+            row("sampler b's own token, posting as a", lambda: post(addr, encode_group(g), token=OTHER_TOKEN.encode()))
         row(
             "Content-Length: abc",
             lambda: raw(addr, b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n"),
@@ -303,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(200):
             raw(addr, f"GET /v1/weights?sampler=intruder-{i}&wait=0 HTTP/1.1\r\n{auth}".encode())
         names_after = len(status(url).get("samplers", {}))
+        if args.trust:
+            revoke_sampler(work / "credentials.yaml", "a")
+            row("a's token once a is revoked", lambda: post(addr, encode_group(next(pool))))
+            write_credentials(work)  # a again, for the rows below
 
         print("| what | status | outcome | counted in /v1/status | learner alive |")
         print("| --- | --- | --- | --- | --- |")
