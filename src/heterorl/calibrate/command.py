@@ -41,7 +41,7 @@ def calibrate_command(run_dir: Path, out: Path | None) -> None:
     try:
         cal, path = calibrate(run_dir, out)
     except CalibrationError as exc:
-        console.print(str(exc), style="red", markup=False)
+        console.print(str(exc), style="red", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
     for line in report_lines(cal):
         stdout.print(line, markup=False, soft_wrap=True)
