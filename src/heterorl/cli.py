@@ -153,8 +153,9 @@ def _live_errors() -> Iterator[None]:
     """Failures a user can act on (live setup, token, unreachable learner, ranks, Ray, the store, a diverged
     learner) print in red and exit 1."""
     from heterorl.launch.errors import LaunchError
-    from heterorl.live.launcher import LiveRunError
+    from heterorl.live.launcher import LiveInterruptedError, LiveRunError
     from heterorl.live.preflight import LiveSetupError
+    from heterorl.live.sampler_node import SamplerStoppedError
     from heterorl.loop.learner_loop import TrainingDivergedError
     from heterorl.parallel.distributed import DistributedSetupError
     from heterorl.transport.http.auth import TokenError
@@ -163,6 +164,7 @@ def _live_errors() -> Iterator[None]:
     from heterorl.transport.store.source import StoreUnreachableError
 
     failures = (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError, TrainingDivergedError)
+    failures += (SamplerStoppedError, LiveInterruptedError)
     try:
         yield
     except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError, ConfigError) as exc:
@@ -202,11 +204,16 @@ def run(
         bool,
         typer.Option("--overwrite", help="Replace the run already in --run-dir (default: refuse).", metavar=""),
     ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="With --live: continue the interrupted run in --run-dir.", metavar="")
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Post-train a model with RL on the simulated cluster (or, with --live, on local processes; with --ray, as Ray
     actors) and write a run directory."""
     cfg = _load(config, set_)
+    if resume and (not live or run_dir is None):
+        raise typer.BadParameter("--resume continues a live run: use it with --live and that run's --run-dir")
     if live and ray is not None:
         raise typer.BadParameter("--live and --ray are two ways to launch the same run: pick one")
     if nproc is not None and (live or ray is not None):
@@ -219,7 +226,7 @@ def run(
     trainer = Trainer(cfg, run_dir=target, show_progress=not quiet, overwrite=overwrite)
     with _live_errors():
         try:
-            summary = trainer.fit(clock="live" if live or ray is not None else "simulated", ray=ray)
+            summary = trainer.fit(clock="live" if live or ray is not None else "simulated", ray=ray, resume=resume)
         except RunDirError as exc:
             typer.secho(str(exc), fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from heterorl.config import EmpiricalDelay, FixedDelay, LinkConfig, Outage
 from heterorl.network import Empirical, Link, Outages, make_delay
-from heterorl.transport.simulated import SimPath
+from heterorl.transport.simulated.paths import SimPath
 
 
 # --- empirical delays
@@ -99,14 +99,20 @@ def test_blocked_draws_are_the_same_delays() -> None:
 
 
 # --- the simple transfer model
-def test_simple_transfer_is_the_message_model_of_the_simulated_path() -> None:
+def test_a_size_settled_after_sending_gives_the_arrival_of_the_simple_transfer_model() -> None:
+    """The simulated path's split (`draw_delay` when sent, `arrive` once the size is known) is the simple model."""
     cfg = LinkConfig(weights_delay={"kind": "uniform", "low": 0.1, "high": 2.0}, bandwidth_mbps=4.0)
     path = SimPath(Link(cfg, seed=7), "weights")
+    assert path.deferrable
     link = Link(cfg, seed=7)
     sizes = np.random.default_rng(0).integers(0, 2_000_000, size=50)
     times = np.cumsum(np.random.default_rng(1).exponential(1.0, size=50))
     for now, nbytes in zip(times, sizes, strict=True):
-        assert link.transfer("weights", float(now), int(nbytes)).arrival == path.arrival(float(now), int(nbytes))
+        delay = path.draw_delay()
+        expected = link.transfer("weights", float(now), int(nbytes)).arrival
+        assert path.arrive(float(now), int(nbytes), delay) == expected
+    tcp = LinkConfig(weights_delay={"kind": "fixed", "seconds": 0.1}, transfer={"model": "tcp"})
+    assert not SimPath(Link(tcp, seed=0), "weights").deferrable
 
 
 def test_simple_transfer_sends_again_after_a_cut() -> None:

@@ -84,6 +84,9 @@ class LiveLearner:
         self.marked = read_version_mark(self.served_mark)
         loop.publisher.on_published.append(self._published)
         loop.before_publish = self._mark_served
+        loop.on_refusal = lambda sampler, reason, detail: events.emit(
+            "refused", sampler=sampler, reason=reason, detail=detail
+        )
 
     def _mark_served(self, version: int) -> None:
         """Before a version can be served, make it durable that it was: a learner resumed at an older state then

@@ -11,6 +11,7 @@ refusing what it sends (`SamplerStoppedError`, one line saying why).
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 from typing import Any
 
@@ -49,10 +50,11 @@ async def serve_sampler(
     try:
         async with open_sampler_side(cfg, worker, url, token, boot, events, session) as (side, learner):
             if learner is not None and learner.get("finished"):
-                events.emit("started", url=url, learner_version=learner.get("version"), finished=True)
+                events.emit("started", url=url, learner_version=learner.get("version"), finished=True, pid=os.getpid())
                 return {"sampler": worker.name, "boot": boot, "version": None, "outcomes": {}}
             version = None if learner is None else learner.get("version")
-            events.emit("started", url=url, store=cfg.transport.store.url, learner_version=version, finished=False)
+            store = cfg.transport.store.url
+            events.emit("started", url=url, store=store, learner_version=version, finished=False, pid=os.getpid())
             over = asyncio.get_running_loop().create_future()
             node = SamplerNode(
                 session,

@@ -27,6 +27,7 @@ reason:
 | disk_full | the journal could not store the group (disk full or failing): retry later, nothing was kept |
 | id_conflict | a group id already used by a group with other content (a retried upload sends the same bytes) |
 | internal_error | a bug in a handler of the learner (counted, logged in one line: no traceback per request) |
+| config_mismatch | an upload from a sampler whose config differs from the learner's in a setting they must share |
 | not_regular | a store entry where an upload belongs that is not a regular file (FIFO, socket, device, symlink) |
 
 The transports map reasons to their own codes (HTTP statuses: `transport/http/status.py`).
@@ -75,6 +76,7 @@ REASONS = (
     "id_conflict",
     "internal_error",
     "not_regular",
+    "config_mismatch",
 )
 MAX_GROUP_ID_CHARS = 200
 KNOWN_INFO = frozenset(FRICTION_KINDS) | frozenset(VERDICT_INFO)  # what samplers count in `RolloutGroup.info`

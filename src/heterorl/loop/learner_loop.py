@@ -34,6 +34,7 @@ import torch
 
 from heterorl import failpoints
 from heterorl.config import RunConfig
+from heterorl.config.fingerprint import differences, fingerprint
 from heterorl.durable.journal import Journal
 from heterorl.durable.state import SavedState, save_learner_state
 from heterorl.frictions import KINDS as FRICTION_KINDS
@@ -140,6 +141,8 @@ class LearnerLoop:
         )
         self.admission = Admission(eta, self.B, queued, per_sampler_slots(cfg), cc.lease_seconds)
         self.boot = secrets.token_hex(6)  # this learner process: a sampler that sees another one resets its slots
+        self.fingerprint = fingerprint(cfg)  # what a sampler's config must agree on (`config.fingerprint`)
+        self.on_refusal: Callable[[str, str, str], None] | None = None  # the driver's log of refused uploads
         self.published_version = -1  # the newest version handed to the publisher
         self.served_ceiling = -1  # the newest version an earlier life of this learner may have served (resume)
         self.before_publish: Callable[[int], None] | None = None  # the driver's hook (a durable mark)
@@ -201,14 +204,14 @@ class LearnerLoop:
         now = self.now()
         key = upload.key
         if upload.sampler not in self.peers.names:
-            self.intake.reject("unknown_sampler", upload.sampler[:64])
-            return self._reply(
-                upload, refused="unknown_sampler", detail=f"{upload.sampler[:64]!r} is not in cluster.samplers"
-            )
+            return self._refuse(upload, "unknown_sampler", f"{upload.sampler[:64]!r} is not in cluster.samplers")
+        differ = differences(self.fingerprint, upload.fingerprint)
+        if differ:
+            shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+            return self._refuse(upload, "config_mismatch", f"settings differ from the learner's: {shown}")
         published = max(self.published_version, self.served_ceiling)
         if upload.version > published:
-            self.intake.reject("future_version", f"claims version {upload.version}")
-            return self._reply(upload, refused="future_version", detail=f"version {upload.version} > {published}")
+            return self._refuse(upload, "future_version", f"claims version {upload.version} > {published}")
         self.peers.heard(
             upload.sampler, upload.version if upload.version >= 0 else None, upload.idle, upload.weights_failed
         )
@@ -247,6 +250,13 @@ class LearnerLoop:
         """A request of a sampler other than an upload (a weight pull): its reports. (It does not renew a lease:
         only delivering groups does, `loop.admission`.)"""
         self.peers.heard(sampler, version, idle, failed)
+
+    def _refuse(self, upload: Upload, reason: str, detail: str) -> Reply:
+        """Refuse a whole upload: counted, reported to the driver's hook (a log line), answered with the reason."""
+        self.intake.reject(reason, detail)
+        if self.on_refusal is not None:
+            self.on_refusal(upload.sampler[:64], reason, detail)
+        return self._reply(upload, refused=reason, detail=detail)
 
     def _reply(self, upload: Upload, short: bool = False, **fields: Any) -> Reply:
         retry = self.cfg.cluster.grant_retry_seconds if short or fields.get("refused") else 0.0

@@ -2,9 +2,10 @@
 link): what each side says, as plain values. The bytes are `heterorl.transport.wire`'s.
 
 A sampler process is a *session* (its name from the config and a random boot id). It sends `Upload`s: the groups
-it generated since its last upload, how many admission slots it would like, and reports (held version, idle
-share, weight updates it could not apply). The learner answers each with a `Reply`: one verdict per group, its
-admission figures for the session, the newest published version, whether the run is finished.
+it generated since its last upload, how many admission slots it would like, reports (held version, idle share,
+weight updates it could not apply), and the fingerprint of the settings it must share with the learner. The
+learner answers each with a `Reply`: one verdict per group, its admission figures for the session, the newest
+published version, whether the run is finished.
 
 Every count an upload or a reply carries is a running total of the session (`wanted`, `returned`; `granted`,
 `voided`), never a delta. So an upload that is retried after a lost answer, or overtaken by a later one (several
@@ -32,6 +33,7 @@ class Upload:
     weights_failed: int = 0  # weight updates it could not apply (corrupt, wrong base), in all
     groups: tuple[bytes, ...] = ()  # encoded rollout groups (`rollout_codec.encode_group`)
     digests: tuple[str, ...] = ()  # xxh3-128 of each group's bytes as generated: corruption on the way shows
+    fingerprint: dict[str, str] = field(default_factory=dict, compare=False)  # its config (`config.fingerprint`)
 
     @property
     def key(self) -> tuple[str, str]:

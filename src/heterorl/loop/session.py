@@ -28,8 +28,9 @@ Rules (the only place they are written):
   upload goes as soon as the window has room (groups that queue meanwhile travel together). A group the learner
   could not take now (`busy`, `disk_full`) goes back to the front of the outbox and is sent again after
   `retry_after`. Running totals make retries idempotent.
-- Stopping: the learner says the run is finished; or the learner refuses `max_refusals` uploads or groups in a
-  row for the same reason (a config that does not match, a revoked credential): `stopped` then says why.
+- Stopping: the learner says the run is finished; or it refuses an upload for a reason no retry can change (its
+  config does not match the learner's, a name the learner does not know); or it refuses `max_refusals` uploads or
+  groups in a row (a revoked credential, a bug): `stopped` then says why.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from heterorl.config import RunConfig
+from heterorl.config.fingerprint import fingerprint
 from heterorl.loop.intake import ACKED, body_digest
 from heterorl.loop.protocol import Reply, Upload
 from heterorl.loop.staleness import staleness_window
@@ -50,6 +52,7 @@ FINISHED = "finished"
 FILTERED = "filtered"
 UNDELIVERABLE = "undeliverable"  # the transport gave up on an upload (the link stayed down past its patience)
 NOT_REFUSALS = (FINISHED, FILTERED)  # answers that say nothing against the sampler
+FATAL = ("config_mismatch", "unknown_sampler")  # refusals that no retry can change: the session stops at once
 
 
 # ---------------------------------------------------------------------- actions
@@ -99,6 +102,7 @@ class SamplerSession:
         cc, B = cfg.cluster, cfg.learner.groups_per_step
         n = len(cc.samplers)
         self.name, self.session_id = name, session_id
+        self.fingerprint = fingerprint(cfg)
         self.sync = cc.mode == "sync"
         self.chunk = math.ceil(B / n)
         self.share = B // n + (1 if index < B % n else 0)  # sync mode: its even share of a batch
@@ -319,6 +323,7 @@ class SamplerSession:
             weights_failed=self.weights_failed,
             groups=tuple(i.body for i in items),
             digests=tuple(i.digest for i in items),
+            fingerprint=self.fingerprint,
         )
         self._items[self.seq] = items
         self.in_flight[self.seq] = upload
@@ -364,6 +369,9 @@ class SamplerSession:
         self.refusals_in_a_row += 1
         self.refusal_reasons[reason] += 1
         self.refusal = (reason, detail)
+        if reason in FATAL:
+            self.stopped = f"the learner refused it as {reason!r}" + (f": {detail}" if detail else "")
+            return
         if self.refusals_in_a_row >= self.max_refusals:
             common, n = self.refusal_reasons.most_common(1)[0]
             last = f" (last: {detail})" if detail and reason == common else ""

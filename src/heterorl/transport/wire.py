@@ -2,7 +2,8 @@
 simulated link (which sends these bytes, so their size is what a live link would carry).
 
     upload: magic b"HRU1" | u32 header length | JSON header | the groups' bytes, back to back
-            header: sampler, session, seq, version, wanted, returned, idle, failed, sizes [n], digests [n]
+            header: sampler, session, seq, version, wanted, returned, idle, failed, sizes [n], digests [n],
+                    fingerprint {setting: hash}
     reply:  magic b"HRR1" | u32 header length | JSON header (no body)
             header: seq, verdicts [[outcome, group_id, detail]], granted, voided, version, finished,
                     retry_after, refused, detail, learner
@@ -29,6 +30,9 @@ SESSION = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DIGEST = re.compile(r"^[0-9a-f]{32}$")
 OUTCOME = re.compile(r"^[a-z_]{1,32}$")
 MAX_DETAIL = 300
+MAX_SETTINGS = 256
+SETTING = re.compile(r"^[a-z_][a-z0-9_.]{0,80}$")
+SETTING_HASH = re.compile(r"^[0-9a-f]{8}$")
 MAX_GROUP_ID = 200
 
 
@@ -48,6 +52,7 @@ def encode_upload(upload: Upload) -> bytes:
         "failed": upload.weights_failed,
         "sizes": [len(g) for g in upload.groups],
         "digests": list(upload.digests),
+        "fingerprint": upload.fingerprint,
     }
     return frame(UPLOAD_MAGIC, header, b"".join(upload.groups))
 
@@ -80,6 +85,12 @@ def decode_upload(data: bytes, max_groups: int = MAX_GROUPS) -> Upload:
         offset += size
     if offset != len(data):
         raise WireError(f"{len(data) - offset} bytes after the last group")
+    fingerprint = header.get("fingerprint", {})
+    if not isinstance(fingerprint, dict) or len(fingerprint) > MAX_SETTINGS:
+        raise WireError(f"the fingerprint must map at most {MAX_SETTINGS} settings to hashes")
+    for key, value in fingerprint.items():
+        if not SETTING.match(key) or not isinstance(value, str) or not SETTING_HASH.match(value):
+            raise WireError(f"a fingerprint entry is not a setting and its 8-hex hash: {str(key)[:40]!r}")
     return Upload(
         sampler=sampler,
         session=session,
@@ -91,6 +102,7 @@ def decode_upload(data: bytes, max_groups: int = MAX_GROUPS) -> Upload:
         weights_failed=failed,
         groups=tuple(groups),
         digests=tuple(digests),
+        fingerprint=fingerprint,
     )
 
 

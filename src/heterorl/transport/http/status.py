@@ -32,6 +32,7 @@ REJECTION_STATUS = {
     "id_conflict": 409,
     "internal_error": 500,
     "not_regular": 400,
+    "config_mismatch": 409,
 }
 assert set(REJECTION_STATUS) == set(REASONS), "every refusal reason has its HTTP status"
 

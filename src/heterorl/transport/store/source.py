@@ -127,7 +127,16 @@ class StoreWeightSource:
             got = self.update_from(manifest, version, state_hash)
             if got is not None:
                 return got
-        return FINISHED if self._finished(manifest) else None
+        if not self._finished(manifest):
+            return None
+        # The learner writes the marker after its last manifest: a manifest read now is the final one, while the
+        # one read above may be older (the last version and the marker can land between the two reads).
+        manifest = self._read_manifest()
+        if manifest is not None:
+            got = self.update_from(manifest, version, state_hash)
+            if got is not None:
+                return got
+        return FINISHED
 
     def update_from(self, manifest: Manifest, version: int | None, state_hash: str | None) -> bytes | None:
         """The envelope from (version, hash) to `manifest`'s newest version, None when current or out of reach
