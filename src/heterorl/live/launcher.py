@@ -37,6 +37,9 @@ from heterorl.transport.http.auth import configured_token, new_token
 
 POLL_S = 0.2
 GRACE_S = 30.0  # time a terminated learner gets to write its final state
+# after the learner's last step: time the samplers get to exit by themselves (they settle the uploads in flight for
+# up to 2 x SETTLE_AFTER_FINISH_S, emulation then HTTP, and write their `finished` summary) before they are ended
+SAMPLERS_EXIT_S = 15.0
 LOG_TAIL_CHARS = 3000
 
 
@@ -74,6 +77,13 @@ class ProcessGroup:
         proc, log, _ = self.procs[name]
         if proc.poll() not in (None, 0):
             raise LiveRunError(f"{name} exited with code {proc.returncode}; end of {log}:\n{log_tail(log)}")
+
+    def wait_for(self, names: list[str], seconds: float) -> None:
+        """Give children `names` up to `seconds` to exit by themselves."""
+        deadline = time.monotonic() + seconds
+        for name in names:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.procs[name][0].wait(timeout=max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         running = [p for p, _, _ in self.procs.values() if p.poll() is None]
@@ -204,6 +214,7 @@ def _run_children(
                 time.sleep(POLL_S)
             follower.poll()
         procs.check("learner")
+        procs.wait_for(names, SAMPLERS_EXIT_S)
     finally:
         procs.close()
 
