@@ -183,7 +183,7 @@ def verify(run: Path, logs: Path, code: int, killed_at: int, acked_before: set[s
         if resumed:
             lineage = {v: g for v, g in lineage.items() if v <= resumed[0]}
         for e in read_events(logs / f"{name}.log", "trained"):
-            lineage[e["version"]] = e["groups"]
+            lineage[e["version"]] = [g[0] for g in e["groups"]]  # [id, oldest version, sampler]
     trained = Counter(g for groups in lineage.values() for g in groups)
     all_acked = acked(logs)
     steps = [r["step"] for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]

@@ -392,6 +392,20 @@ def report(
     report_command(run_dirs, out, baseline, group_by)
 
 
+@app.command(cls=Command)
+def calibrate(
+    run_dir: Annotated[Path, typer.Argument(help="A live run's directory (`heterorl run --live`).")],
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="The simulator config to write (RUN_DIR/calibrated.yaml).")
+    ] = None,
+) -> None:
+    """A simulator config from a live run's own records: sampler speeds, the learner's cost per step and per token,
+    link delays and rates, start-up delays; prints each with its count and 95% interval."""
+    from heterorl.calibrate import calibrate_command
+
+    calibrate_command(run_dir, out)
+
+
 sync_app = typer.Typer(
     cls=Group, no_args_is_help=True, help="PULSE weight sync: benchmark the codec, inspect a run's traffic."
 )

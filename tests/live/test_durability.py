@@ -37,7 +37,7 @@ def trained_lineage(*logs: Path) -> dict[int, list[str]]:
         if resumed:  # steps after the resumed version are redone by this life
             lineage = {v: g for v, g in lineage.items() if v <= resumed[0]}
         for e in read_events(log, "trained"):
-            lineage[e["version"]] = e["groups"]
+            lineage[e["version"]] = [g[0] for g in e["groups"]]  # [id, oldest version, sampler]
     return lineage
 
 

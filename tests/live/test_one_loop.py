@@ -30,14 +30,21 @@ def _clock_free(records: list[dict]) -> list[dict]:
 def test_a_live_run_writes_the_metrics_of_the_simulated_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HETERORL_VERIFY_KEY", "one key for both clocks")  # a live learner's is random by default
     cfg = smoke_config("learner.steps=6", "eval.every=3", "weights.codec=pulse", "weights.snapshot_every=4")
-    execute(cfg, tmp_path / "sim", show_progress=False)
-    run_live(cfg, tmp_path / "live", show_progress=False)
+    sim_summary = execute(cfg, tmp_path / "sim", show_progress=False)
+    live_summary = run_live(cfg, tmp_path / "live", show_progress=False)
     simulated = read_metrics(tmp_path / "sim" / "metrics.jsonl")
     live = read_metrics(tmp_path / "live" / "metrics.jsonl")
     assert [r["kind"] for r in live] == [r["kind"] for r in simulated]
     assert len([r for r in live if r["kind"] == "train"]) == 6
     assert {k for r in live for k in r} == {k for r in simulated for k in r}  # the same keys, both clocks
     assert _clock_free(live) == _clock_free(simulated)
+    per_sampler = {
+        f"sampler/sampler-0/{k}" for k in ("accepted_total", "trained_total", "stale_mean", "stale_max", "lag")
+    }
+    last_train = [r for r in live if r["kind"] == "train"][-1]
+    assert per_sampler <= set(last_train)  # the per-sampler figures, recorded alike under both clocks
+    assert live_summary["per_sampler"] == sim_summary["per_sampler"]
+    assert live_summary["per_sampler"]["sampler-0"]["trained"] == 6 * cfg.learner.groups_per_step
     assert any(r["sync/changed_share"] < 1 for r in live if r["kind"] == "train")  # PULSE patches travelled
 
 

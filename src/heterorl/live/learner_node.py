@@ -47,6 +47,7 @@ from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
 from heterorl.live.transports import check_transport_config, open_learner_store
 from heterorl.loop.learner_loop import LearnerLoop, TrainingDivergedError, published_stats
+from heterorl.loop.sampler_figures import trained_lineage
 from heterorl.loop.screen import verify_key
 from heterorl.parallel.distributed import attach
 from heterorl.run.build import (
@@ -121,16 +122,23 @@ class LiveLearner:
                 continue
             began = time.monotonic()
             result = loop.train(taken)
+            busy = time.monotonic() - began
             failpoints.hit("step.trained")  # trained in memory, not published or recorded
             try:
-                loop.commit(result, busy_seconds=time.monotonic() - began)
+                loop.commit(result, busy_seconds=busy)
             except TrainingDivergedError as err:
                 self.persist(self.checkpoint)  # the weights are still finite (nothing applied): resumable once fixed
                 loop.publisher.close()
                 self.events.emit("stopped", version=loop.learner.version, error=str(err))
                 raise
-            ids = [g.group_id for g in taken.groups]  # the audit trail: which groups made which version
-            self.events.emit("trained", version=loop.learner.version, groups=ids)
+            # the audit trail (which groups of which versions made which version) and the step's cost (calibration)
+            self.events.emit(
+                "trained",
+                version=loop.learner.version,
+                seconds=round(busy, 4),
+                tokens=result.tokens,
+                groups=trained_lineage(taken.groups),
+            )
             if result.stats.get("opt/skipped_updates"):
                 self.events.emit("skipped_step", version=loop.learner.version, groups=len(taken.groups))
             failpoints.hit("step.committed")  # published and recorded, before any checkpoint
@@ -400,7 +408,8 @@ async def _serve(live: LiveLearner, gate: Gate, host: str, port: int, address_fi
         tmp = address_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}))
         tmp.replace(address_file)
-        live.events.emit("listening", url=url, version=live.loop.learner.version)
+        # elapsed: the loop clock's seconds at this moment, so a reader can place the clock's zero on the host clock
+        live.events.emit("listening", url=url, version=live.loop.learner.version, elapsed=round(live.loop.now(), 3))
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, live.request_stop)
         loop.add_signal_handler(signal.SIGUSR1, live.request_finish)

@@ -52,6 +52,7 @@ from heterorl.loop.intake import Intake, IntakeCounters, Verdict
 from heterorl.loop.peers import Peers
 from heterorl.loop.protocol import GroupVerdict, Reply, Upload
 from heterorl.loop.publisher import BackgroundPublisher, WeightTraffic
+from heterorl.loop.sampler_figures import SamplerFigures
 from heterorl.loop.screen import TrustScreen
 from heterorl.loop.screen import verify_key as default_verify_key
 from heterorl.loop.staleness import RolloutBuffer, staleness_window
@@ -122,7 +123,9 @@ class LearnerLoop:
         self.publisher = BackgroundPublisher(cfg.weights)
         self.store = self.publisher.store
         self.traffic = WeightTraffic()
-        self.peers = Peers(node_name(cfg, i) for i in range(len(cfg.cluster.samplers)))
+        names = [node_name(cfg, i) for i in range(len(cfg.cluster.samplers))]
+        self.peers = Peers(names)
+        self.figures = SamplerFigures.of(names)  # per-sampler figures (guarded by the intake's lock)
         model_cfg = learner.policy.model.config
         context = int(getattr(model_cfg, "max_position_embeddings", cfg.model.max_positions))
         limits = GroupLimits(
@@ -250,6 +253,8 @@ class LearnerLoop:
             if verdict.outcome not in FOLLOW_UPS:  # the group's first arrival: it settles one of the session's slots
                 with self.intake.cond:
                     self.admission.arrived(key, verdict.outcome == "accepted", now)
+                    if verdict.outcome == "accepted":
+                        self.figures.accepted(upload.sampler)
             verdicts.append(GroupVerdict(verdict.outcome, verdict.group_id, verdict.detail))
         with self.intake.cond:
             self.admission.give_back(key, upload.returned, now)
@@ -311,6 +316,7 @@ class LearnerLoop:
         with self.intake.cond:
             self.admission.consumed(self.B)
             self.admission.expire(self.now())
+            self.figures.trained(taken[0], self.learner.version)
         return Taken(*taken)
 
     def train(self, taken: Taken) -> StepResult:
@@ -380,13 +386,16 @@ class LearnerLoop:
         }
         record.update(self.trust.metrics())
         failed = 0
-        for name, peer in sorted(self.peers.snapshot().items()):
+        peers = self.peers.snapshot()
+        for name, peer in sorted(peers.items()):
             if peer.version is not None:
                 record[f"sampler/{name}/version"] = float(peer.version)
             if peer.idle is not None:
                 record[f"sampler/{name}/idle"] = peer.idle
             failed += peer.failed
         record["net/weights_failed_total"] = float(failed)
+        with self.intake.cond:
+            record.update(self.figures.record(self.learner.version, {n: p.version for n, p in peers.items()}))
         if frictions_active(self.cfg.sampler.frictions):
             info = self.intake.counters.info
             record.update({f"frictions/{kind}_total": float(info[kind]) for kind in FRICTION_KINDS})
@@ -414,7 +423,13 @@ class LearnerLoop:
             "skipped_steps": self.skipped_steps,
             "admission": self.admission_summary(),
             "trust": self.trust.to_json(),
+            "per_sampler": self.per_sampler_summary(),
         }
+
+    def per_sampler_summary(self) -> dict[str, Any]:
+        """Each sampler's groups accepted and trained, staleness and weights lag (`loop.sampler_figures`)."""
+        with self.intake.cond:
+            return self.figures.summary()
 
     def admission_summary(self) -> dict[str, Any]:
         """Admission's totals and each sampler's slots (granted, outstanding, voided)."""
@@ -437,6 +452,8 @@ class LearnerLoop:
         failpoints.hit("checkpoint.rotated")  # a new journal segment, no state for it yet
         buffer = self.intake.buffer
         ids = sorted(consumed)
+        with self.intake.cond:
+            per_sampler = self.figures.to_json()
         extra = {
             "consumed_ids": ids,
             "consumed_digests": [consumed[i] for i in ids],
@@ -456,6 +473,7 @@ class LearnerLoop:
             "resumes": self.resumes,
             "skipped": [self.skipped_steps, self.skipped_in_a_row],
             "trust": self.trust.to_json(),
+            "per_sampler": per_sampler,
         }
         path = save_learner_state(self.learner, root, queue=queue, extra=extra)
         assert self.intake.journal is not None
@@ -492,6 +510,8 @@ class LearnerLoop:
         self.resumes = int(x["resumes"]) + 1
         self.skipped_steps, self.skipped_in_a_row = (int(v) for v in x.get("skipped", [0, 0]))
         self.trust.restore(x.get("trust", {}))
+        if "per_sampler" in x:  # absent from states written before per-sampler figures
+            self.figures.restore(x["per_sampler"])
         self.needs_initial_eval = False
         return queued
 

@@ -97,7 +97,9 @@ class SamplerNode:
         self.runtime.run_blocking(lambda: self._receive(result), self._received)
 
     def _receive(self, message: Any) -> bool:
-        """Decode (bytes) and apply one update; True when the receiver now holds a newer verified version."""
+        """Decode (bytes) and apply one update; True when the receiver now holds a newer verified version. Its
+        `weights` event says how long that took (`apply_s`: the update arrived that long before the event)."""
+        began = self.runtime.now()
         failed_before = self.worker.failed
         if isinstance(message, bytes):
             try:
@@ -118,7 +120,10 @@ class SamplerNode:
             nbytes = len(message) if isinstance(message, bytes) else 0
             error = None if ok else self.worker.last_error
             kind = getattr(update, "kind", "shared")
-            self.emit("weights", ok=ok, version=version, hash=held_hash, kind=kind, bytes=nbytes, error=error)
+            apply_s = round(self.runtime.now() - began, 4)
+            self.emit(
+                "weights", ok=ok, version=version, hash=held_hash, kind=kind, bytes=nbytes, error=error, apply_s=apply_s
+            )
         return ok
 
     def _received(self, applied: bool) -> None:
@@ -143,7 +148,13 @@ class SamplerNode:
             seconds = self.runtime.now() - began
             running = self.session.generating  # this chunk included
             self.emit(
-                "generated", n=len(groups), version=self.worker.version, seconds=round(seconds, 3), running=running
+                "generated",
+                n=len(groups),
+                version=self.worker.version,
+                seconds=round(seconds, 3),
+                running=running,
+                tokens=sum(g.num_tokens for g in groups),  # completion tokens, as `tokens_per_second` counts them
+                busy=round(busy_seconds, 4),  # the engine's time for this chunk (shared when chunks overlap)
             )
             if groups:
                 self._rtt_hint(seconds_per_group=busy_seconds / len(groups))
@@ -164,7 +175,10 @@ class SamplerNode:
             self.emit("undeliverable", seq=upload.seq, groups=len(upload.groups))
         else:
             if sent is not None:
-                self._rtt_hint(rtt=self.runtime.now() - sent)
+                rtt = self.runtime.now() - sent
+                self._rtt_hint(rtt=rtt)
+                nbytes = sum(len(g) for g in upload.groups)  # the groups' encoded bytes (the upload adds a header)
+                self.emit("replied", seq=upload.seq, groups=len(upload.groups), bytes=nbytes, rtt=round(rtt, 4))
             self.session.replied(upload.seq, reply)
             for verdict in reply.verdicts:
                 self.emit("pushed", group_id=verdict.group_id, outcome=verdict.outcome)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from heterorl.report import side_by_side
 from heterorl.report.document import make_report
 from heterorl.report.runs import ReportError
 
@@ -48,4 +49,12 @@ def report_command(run_dirs: list[Path], out: Path, baseline: str | None, group_
         ]
         table.add_row(*row, *([f"{g.best_delta * 100:+.1f}"] if baseline else []))
     stdout.print(table)
+    if result.clocks:
+        header, rows = side_by_side.cells(result.clocks)
+        compared = Table(title="simulated vs live", title_justify="left")
+        for column in header:
+            compared.add_column(column, overflow="fold")
+        for row in rows:
+            compared.add_row(*row)
+        stdout.print(compared)
     stdout.print(f"report: {result.report_md}", soft_wrap=True)  # one line, so it can be copied

@@ -12,8 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from heterorl.report import side_by_side
 from heterorl.report.labels import format_value
-from heterorl.report.plots import plot_all, staleness_counts
+from heterorl.report.plots import plot_all, sim_vs_live, staleness_counts
 from heterorl.report.runs import (
     Group,
     Grouping,
@@ -56,6 +57,7 @@ class ReportResult:
     groups: list[GroupStats]
     unfinished: list[Path] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    clocks: list[side_by_side.ClockFigures] = field(default_factory=list)  # simulated and live runs compared
 
 
 def _pct(stat: Stat) -> str:
@@ -142,6 +144,7 @@ def render(
     baseline: str | None,
     unfinished: list[Path],
     skipped: list[Skipped],
+    clocks: list[side_by_side.ClockFigures],
 ) -> str:
     """report.md: what was compared, the tables, the figures (relative paths) and the definitions."""
     groups, keys = grouping.groups, grouping.keys
@@ -160,6 +163,10 @@ def render(
     lines += ["", "## Summary", "", *summary_table(stats, baseline is not None), ""]
     if traffic := traffic_table(groups):
         lines += ["## Weight traffic", "", *traffic, ""]
+    if clocks:
+        figure = os.path.relpath(plots["sim_vs_live"], out)
+        lines += ["## Simulated vs live", "", *side_by_side.table(clocks), "", f"![Simulated vs live]({figure})", ""]
+        lines += [side_by_side.NOTES]
     titles = {
         "accuracy": "Held-out accuracy",
         "reward": "Reward",
@@ -169,6 +176,8 @@ def render(
     }
     lines += ["## Figures", ""]
     for name, path in plots.items():
+        if name == "sim_vs_live":
+            continue  # in its own section
         lines += [f"### {titles[name]}", "", f"![{titles[name]}]({os.path.relpath(path, out)})", ""]
     lines += ["## Runs", "", *runs_table(groups, out), ""]
     if unfinished:
@@ -179,10 +188,13 @@ def render(
     return "\n".join(lines)
 
 
-def _json_ready(stats: list[GroupStats], groups: list[Group]) -> dict[str, Any]:
+def _json_ready(
+    stats: list[GroupStats], groups: list[Group], clocks: list[side_by_side.ClockFigures]
+) -> dict[str, Any]:
     """report.json's content; NaN becomes null (JSON has no NaN)."""
     return _clean(
         {
+            **({"simulated_vs_live": side_by_side.to_json(clocks)} if clocks else {}),
             "groups": [
                 {
                     **asdict(s),
@@ -191,7 +203,7 @@ def _json_ready(stats: list[GroupStats], groups: list[Group]) -> dict[str, Any]:
                     "staleness_histogram": {str(k): v for k, v in sorted(staleness_counts(g).items())},
                 }
                 for s, g in zip(stats, groups, strict=True)
-            ]
+            ],
         }
     )
 
@@ -239,8 +251,12 @@ def make_report(
         groups, stats = [groups[i] for i in order], [stats[i] for i in order]
     out.mkdir(parents=True, exist_ok=True)
     plots = plot_all(groups, out, grouping.unlisted)
+    clocks: list[side_by_side.ClockFigures] = []
+    if side_by_side.both_clocks(runs):  # simulated runs first, then live ones, each in the order given
+        clocks = sorted((side_by_side.clock_figures(r) for r in runs), key=lambda f: not f.simulated)
+        plots["sim_vs_live"] = sim_vs_live(clocks, out / "sim_vs_live.png")
     report_md = out / "report.md"
-    report_md.write_text(render(grouping, stats, plots, out, baseline, unfinished, skipped))
+    report_md.write_text(render(grouping, stats, plots, out, baseline, unfinished, skipped, clocks))
     report_json = out / "report.json"
-    report_json.write_text(json.dumps(_json_ready(stats, groups), indent=2, default=str))
-    return ReportResult(report_md, report_json, plots, stats, unfinished, skipped)
+    report_json.write_text(json.dumps(_json_ready(stats, groups, clocks), indent=2, default=str))
+    return ReportResult(report_md, report_json, plots, stats, unfinished, skipped, clocks)

@@ -11,6 +11,7 @@ longest line allows, and the figure grows taller by the legend's height, so no l
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -20,9 +21,10 @@ import matplotlib as mpl
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FixedLocator, MaxNLocator
 
 from heterorl.report.runs import Group, RunData
+from heterorl.report.side_by_side import ClockFigures
 
 DPI = 120
 LOG_SPAN = 100.0  # use a log y axis when the positive values span more than this factor
@@ -75,14 +77,17 @@ def legend_layout(labels: list[str], width_in: float, title: str = "") -> tuple[
     return wrapped, title_wrapped, ncol, tallest + title_in
 
 
-def _finish(fig: Figure, path: Path, title: str = "") -> Path:
-    """Integer x ticks, the legend below the panels (wrapped to the figure's width; `title`: the values the group
-    names leave out), the figure made taller by the legend's height; saved as PNG."""
+def _finish(fig: Figure, path: Path, title: str = "", legend_title: str | None = None) -> Path:
+    """Integer x ticks (where the panel did not name its ticks), the legend below the panels (wrapped to the
+    figure's width; `title`: the values the group names leave out, or `legend_title` as given), the figure made
+    taller by the legend's height; saved as PNG."""
     for ax in fig.axes:  # steps and staleness are whole numbers
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if not isinstance(ax.xaxis.get_major_locator(), FixedLocator):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles, labels = fig.axes[0].get_legend_handles_labels()
     if handles:
-        wrapped, title_text, ncol, height = legend_layout(labels, fig.get_figwidth(), title and f"not listed: {title}")
+        heading = legend_title if legend_title is not None else title and f"not listed: {title}"
+        wrapped, title_text, ncol, height = legend_layout(labels, fig.get_figwidth(), heading)
         fig.set_figheight(PANEL_HEIGHT_IN + height + 0.2)
         fig.legend(
             handles,
@@ -221,6 +226,36 @@ def weight_traffic(groups: list[Group], path: Path, unlisted: str = "") -> Path 
     for ax in (ax_bytes, ax_ratio):
         ax.grid(alpha=0.3)
     return _finish(fig, path, unlisted)
+
+
+def sim_vs_live(figures: list[ClockFigures], path: Path) -> Path:
+    """Three panels, one bar per run: the staleness histograms (share of trained groups), each sampler's share of
+    the trained groups, each sampler's mean staleness. Simulated runs hatched, live ones solid."""
+    fig, (ax_hist, ax_share, ax_stale) = _figure(ncols=3)
+    style = styles([Group(f.name, {}) for f in figures])
+    width = 0.8 / len(figures)
+    samplers = sorted({n for f in figures for n in f.sampler_share})
+    for i, f in enumerate(figures):
+        offset = (i - (len(figures) - 1) / 2) * width
+        kw = {"color": style[f.name]["color"], "hatch": "//" if f.simulated else None, "width": width}
+        label = f"{f.name} ({'virtual' if f.simulated else 'wall'} clock)"
+        if f.histogram:
+            s = np.array(sorted(f.histogram), dtype=float)
+            share = np.array([f.histogram[int(k)] for k in s], dtype=float) / sum(f.histogram.values())
+            ax_hist.bar(s + offset, share, label=label, **kw)
+        x = np.arange(len(samplers), dtype=float) + offset
+        ax_share.bar(x, [f.sampler_share.get(n, math.nan) * 100 for n in samplers], **kw)
+        ax_stale.bar(x, [f.sampler_staleness.get(n, math.nan) for n in samplers], **kw)
+    ax_hist.set(title="Staleness of trained groups", xlabel="staleness (learner steps)", ylabel="share of groups")
+    for ax, title, ylabel in (
+        (ax_share, "Share of trained groups per sampler", "% of trained groups"),
+        (ax_stale, "Mean staleness per sampler", "staleness (learner steps)"),
+    ):
+        ax.set_xticks(range(len(samplers)), samplers)
+        ax.set(title=title, xlabel="sampler", ylabel=ylabel)
+    for ax in (ax_hist, ax_share, ax_stale):
+        ax.grid(alpha=0.3, axis="y")
+    return _finish(fig, path, legend_title="hatched: simulated (virtual clock); solid: live (wall clock)")
 
 
 def plot_all(groups: list[Group], out: Path, unlisted: str = "") -> dict[str, Path]:

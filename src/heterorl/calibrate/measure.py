@@ -1,0 +1,203 @@
+"""What calibration measures in a live run's records, and how (each figure with its count and interval):
+
+- a sampler's generation speed: tokens / busy seconds over its `generated` events (completion tokens, the engine's
+  time), as the simulator spends it (`tokens / tokens_per_second`);
+- the learner's cost: busy seconds of each step (`trained` event) = step_seconds + seconds_per_token * tokens, by
+  least squares (neither part negative);
+- a link's weights direction: the arrival of each update the sampler was waiting for (`weights` event time minus
+  its `apply_s`) after the learner committed the version (`published` time minus its encode `seconds`: the
+  simulator publishes when a step ends) = delay + bytes * 8 / rate, fitted on the update's bytes;
+- its rollout direction: each upload's round trip (`replied`: rtt, bytes) = rollout delay + bytes * 8 / rate + the
+  reply's way back (the weights direction's delay measured from the `published` time, without the encode);
+- start-up: each sampler's first `started` after the learner's clock began (`listening` time minus `elapsed`).
+
+The first item of each series (a sampler's first chunk, the learner's first step) is left out when there are more
+than `WARMUP_KEEP_FROM` items: it carries one-time costs (lazy initialisation) a long run amortises.
+A rate is kept only where the fit's slope is significantly positive (update or upload sizes varied enough); else the
+transfer time stays inside the measured delays.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from heterorl.calibrate.fit import Estimate, LineFit, mean_estimate, nonnegative_cost_fit, ratio_of_sums
+from heterorl.calibrate.records import RunRecords, SamplerLog
+
+WARMUP_KEEP_FROM = 3  # series longer than this lose their first item (warm-up)
+BITS_PER_MEGABIT = 1e6
+
+
+@dataclass
+class LinkDirection:
+    """One direction of a link: the fit of time on bytes, the rate it implies (None: not measurable), and the
+    one-way delays left when the rate's term is taken off (seconds)."""
+
+    fit: LineFit
+    rate_mbps: Estimate | None
+    delays: list[float]
+
+
+@dataclass
+class SamplerCalibration:
+    name: str
+    speed: Estimate | None = None  # tokens per second
+    start_delay_s: float | None = None
+    weights: LinkDirection | None = None
+    rollout: LinkDirection | None = None
+    rtt: Estimate | None = None  # upload round trips, as measured
+    first_update_s: float | None = None  # from `started` to the first verified weights
+
+
+@dataclass
+class Calibration:
+    learner: LineFit | None
+    samplers: list[SamplerCalibration]
+    notes: list[str] = field(default_factory=list)
+    live: dict[str, Any] = field(default_factory=dict)  # what the live run achieved (its summary's figures)
+
+
+def _drop_warmup(items: list[Any]) -> list[Any]:
+    return items[1:] if len(items) > WARMUP_KEEP_FROM else items
+
+
+def rate_of(fit: LineFit) -> Estimate | None:
+    """Mbit/s from a fit's slope (seconds per byte): rate = 8 / slope / 1e6, the interval inverted."""
+    if not fit.slope_significant:
+        return None
+    s = fit.slope
+    to_rate = lambda spb: 8.0 / spb / BITS_PER_MEGABIT  # noqa: E731
+    return Estimate(to_rate(s.value), s.n, math.nan, to_rate(s.high), to_rate(s.low))
+
+
+def learner_cost(records: RunRecords) -> LineFit | None:
+    steps = [e for e in records.learner_events("trained") if "seconds" in e and "tokens" in e]
+    steps = _drop_warmup(steps)
+    if not steps:
+        return None
+    return nonnegative_cost_fit([float(e["tokens"]) for e in steps], [float(e["seconds"]) for e in steps])
+
+
+def sampler_speed(log: SamplerLog) -> Estimate | None:
+    chunks: list[dict[str, Any]] = []
+    for boot in _boots(log):
+        chunks += _drop_warmup([e for e in boot if e.get("event") == "generated" and e.get("busy", 0) > 0])
+    if not chunks:
+        return None
+    return ratio_of_sums([float(e["tokens"]) for e in chunks], [float(e["busy"]) for e in chunks])
+
+
+def _boots(log: SamplerLog) -> list[list[dict[str, Any]]]:
+    """The sampler's events split by process life (`boot`)."""
+    lives: dict[Any, list[dict[str, Any]]] = {}
+    for e in log.events:
+        lives.setdefault(e.get("boot"), []).append(e)
+    return list(lives.values())
+
+
+def _published(records: RunRecords) -> dict[int, dict[str, Any]]:
+    return {int(e["version"]): e for e in records.learner_events("published")}
+
+
+def weight_arrivals(log: SamplerLog, published: dict[int, dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """(bytes, seconds from the version's commit, seconds from its publication) of every verified update the sampler
+    was waiting for: the version was committed after the sampler's previous update arrived."""
+    out = []
+    for boot in _boots(log):
+        previous: float | None = None
+        for e in boot:
+            if e.get("event") != "weights" or not e.get("ok"):
+                continue
+            arrived = float(e["t"]) - float(e.get("apply_s", 0.0))
+            pub = published.get(int(e["version"]))
+            if pub is not None and previous is not None and e.get("bytes", 0) > 0:
+                committed = float(pub["t"]) - float(pub.get("seconds", 0.0))
+                if committed >= previous:
+                    out.append((int(e["bytes"]), arrived - committed, arrived - float(pub["t"])))
+            previous = arrived
+    return out
+
+
+def _direction(x: list[float], y: list[float]) -> LinkDirection:
+    fit = nonnegative_cost_fit(x, y)
+    rate = rate_of(fit)
+    per_byte = fit.slope.value if rate is not None else 0.0
+    return LinkDirection(fit, rate, [max(0.0, yi - per_byte * xi) for xi, yi in zip(x, y, strict=True)])
+
+
+def link_calibration(cal: SamplerCalibration, log: SamplerLog, published: dict[int, dict[str, Any]]) -> list[str]:
+    """Fill the link figures of one sampler; returns notes on what could not be measured."""
+    notes = []
+    arrivals = weight_arrivals(log, published)
+    back = None  # the reply's way back: the weights direction's delay without the encode
+    if arrivals:
+        cal.weights = _direction([float(b) for b, _, _ in arrivals], [d for _, d, _ in arrivals])
+        per_byte = cal.weights.fit.slope.value if cal.weights.rate_mbps is not None else 0.0
+        back = _median([max(0.0, p - per_byte * b) for b, _, p in arrivals])
+    else:
+        notes.append(f"{cal.name}: no weight update arrived while it waited: its weights delay is not measured")
+    uploads = [e for e in log.of("replied") if "rtt" in e]
+    if uploads:
+        rtts = [float(e["rtt"]) for e in uploads]
+        cal.rtt = mean_estimate(rtts)
+        rollout = _direction([float(e["bytes"]) for e in uploads], rtts)
+        if back is None:
+            back = _median(rollout.delays) / 2.0
+            notes.append(f"{cal.name}: round trips split evenly between the directions (no weights delays measured)")
+            cal.weights = LinkDirection(rollout.fit, None, [back])
+        rollout.delays = [max(0.0, d - back) for d in rollout.delays]
+        cal.rollout = rollout
+    else:
+        notes.append(f"{cal.name}: no upload round trips (`replied` events): its rollout delay is not measured")
+    return notes
+
+
+def _median(values: list[float]) -> float:
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+def start_delays(records: RunRecords) -> dict[str, tuple[float, float | None]]:
+    """name -> (seconds after the learner's clock began when it started, seconds to its first verified update)."""
+    listening = [e for e in records.learner_events("listening") if "elapsed" in e]
+    if not listening:
+        return {}
+    zero = float(listening[0]["t"]) - float(listening[0]["elapsed"])
+    out = {}
+    for name, log in records.samplers.items():
+        started = [e for e in log.of("started") if not e.get("finished")]
+        if not started:
+            continue
+        first = float(started[0]["t"])
+        weights = [float(e["t"]) for e in log.of("weights") if e.get("ok") and float(e["t"]) >= first]
+        out[name] = (max(0.0, first - zero), weights[0] - first if weights else None)
+    return out
+
+
+def calibrate_run(records: RunRecords) -> Calibration:
+    """Every figure calibration measures in `records` (see the module docstring)."""
+    notes: list[str] = []
+    learner = learner_cost(records)
+    if learner is None:
+        notes.append("no `trained` event with seconds and tokens: the learner's cost is not measured")
+    elif not learner.identifiable:
+        notes.append("the steps' token counts did not vary: the learner's cost is all per step")
+    published = _published(records)
+    starts = start_delays(records)
+    if not starts:
+        notes.append("no `listening` event with `elapsed`: start-up delays are not measured")
+    samplers = []
+    for name, log in records.samplers.items():
+        cal = SamplerCalibration(name, speed=sampler_speed(log))
+        if cal.speed is None:
+            notes.append(f"{name}: no `generated` event with tokens and busy seconds: its speed is not measured")
+        if name in starts:
+            cal.start_delay_s, cal.first_update_s = starts[name]
+        notes += link_calibration(cal, log, published)
+        samplers.append(cal)
+    summary = records.summary or {}
+    live = {k: summary[k] for k in ("tokens_per_clock_second", "staleness_mean", "learner_idle") if k in summary}
+    return Calibration(learner, samplers, notes, live)
