@@ -65,6 +65,8 @@ def main() -> None:
             if version > 1:
                 walls.append(time.perf_counter() - start)
                 cpus.append(cpu_seconds(procs) - cpu)
+                phases = {k: round(v, 3) for k, v in engine.last_update.items() if k.endswith("_s")}
+                print(f"update {version}: {walls[-1]:.3f} s wall, {cpus[-1]:.3f} CPU-s {phases}")
             if process is not None:
                 run_process(process)  # the completions finish under the new version
     finally:

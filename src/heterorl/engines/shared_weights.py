@@ -25,11 +25,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import xxhash
 
 ALIGN = 64  # every tensor starts on a cache line (and on its element size)
+CHUNK = 1 << 18  # bytes copied, hashed and checked while in cache (a multiple of every element size)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_FINITE_BITS = {"bfloat16": (np.int16, 0x7F80), "float16": (np.int16, 0x7C00), "float32": (np.int32, 0x7F800000)}
 SHM_DIR = Path("/dev/shm")
 
 
@@ -66,9 +69,35 @@ class Entry:
         return cls(name, dtype, tuple(shape), offset, digest)
 
 
+class NonFiniteError(ValueError):
+    """An update holds NaN or infinity."""
+
+
 def digest(tensor: torch.Tensor) -> str:
     """xxh3-64 of a contiguous CPU tensor's bytes (hex)."""
     return xxhash.xxh3_64_hexdigest(tensor.view(torch.uint8).numpy())
+
+
+def copy_digest_finite(src_u8: np.ndarray, dst_u8: np.ndarray, dtype: str) -> tuple[str, bool]:
+    """Copy `src_u8` into `dst_u8` and return (xxh3-64 of the bytes, all values finite), in one pass over memory.
+
+    Chunk by chunk (`CHUNK` bytes, in cache): copy, hash the copy, and test finiteness on the bits: a float is
+    NaN or infinite iff its exponent bits are all ones, i.e. (bits & ~sign) >= the exponent mask.
+    """
+    int_type, exponent = _FINITE_BITS[dtype]
+    magnitude = np.iinfo(int_type).max  # every bit but the sign
+    hasher = xxhash.xxh3_64()
+    scratch = np.empty(CHUNK // np.dtype(int_type).itemsize, dtype=int_type)
+    largest = 0
+    for start in range(0, src_u8.size, CHUNK):
+        out = dst_u8[start : start + CHUNK]
+        np.copyto(out, src_u8[start : start + CHUNK])
+        hasher.update(out)
+        bits = out.view(int_type)
+        masked = scratch[: bits.size]
+        np.bitwise_and(bits, magnitude, out=masked)
+        largest = max(largest, int(masked.max(initial=0)))
+    return hasher.hexdigest(), largest < exponent
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -104,7 +133,11 @@ class StagingBuffer:
         self.bytes: torch.Tensor = torch.empty(0, dtype=torch.uint8)  # the whole buffer, writable
 
     def stage(self, tensors: Mapping[str, torch.Tensor]) -> list[Entry]:
-        """Copy `tensors` (floating point, any device) into the buffer; their manifest. Grows the buffer if needed."""
+        """Copy `tensors` (floating point) into the buffer; their manifest. Grows the buffer if needed.
+
+        Raises ValueError for a dtype that cannot be staged, and `NonFiniteError` naming every tensor that holds
+        a NaN or an infinity (nothing should load such an update; the bytes staged so far are simply unused).
+        """
         layout, offset = [], 0
         for name, tensor in tensors.items():
             dtype = str(tensor.dtype).removeprefix("torch.")
@@ -114,11 +147,16 @@ class StagingBuffer:
             offset = _aligned(offset + tensor.numel() * tensor.element_size())
         if offset > self.size:
             self._grow(offset)
-        entries = []
+        entries, non_finite = [], []
+        buffer = self.bytes.numpy()
         for name, tensor, dtype, start in layout:
-            view = self.bytes[start : start + tensor.numel() * tensor.element_size()].view(tensor.dtype)
-            view.copy_(tensor.detach().reshape(-1))
-            entries.append(Entry(name, dtype, tuple(tensor.shape), start, digest(view)))
+            src = tensor.detach().cpu().contiguous().view(torch.uint8).reshape(-1).numpy()
+            hex_digest, finite = copy_digest_finite(src, buffer[start : start + src.size], dtype)
+            entries.append(Entry(name, dtype, tuple(tensor.shape), start, hex_digest))
+            if not finite:
+                non_finite.append(name)
+        if non_finite:
+            raise NonFiniteError(f"{len(non_finite)} tensors hold NaN or infinity, e.g. {non_finite[:3]}")
         return entries
 
     def _grow(self, nbytes: int) -> None:

@@ -31,6 +31,7 @@ Not thread-safe: call it from one thread.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ from transformers import AutoTokenizer
 from heterorl.config import RunConfig, VLLMEngineConfig
 from heterorl.engines.base import EngineError, RolloutEngine
 from heterorl.engines.lora_merge import AdapterMerger
-from heterorl.engines.shared_weights import Entry, StagingBuffer
+from heterorl.engines.shared_weights import Entry, NonFiniteError, StagingBuffer
 from heterorl.engines.vllm_jobs import Job, Sequence, make_job
 from heterorl.engines.vllm_setup import engine_args, import_vllm, on_cpu
 from heterorl.policy import Generation, SamplingParams, filter_logits
@@ -139,11 +140,18 @@ class VLLMEngine(RolloutEngine):
         they were.
         """
         tensors, full = self._plain_tensors(version, weights)
+        started = time.perf_counter()
         try:
             manifest = self._staging.stage(tensors)
+        except NonFiniteError as err:
+            raise EngineError(
+                f"weights for version {version} refused (the engine keeps version {self._version}): {err}"
+            ) from err
         except (ValueError, OSError) as err:
             raise EngineError(f"weights for version {version} could not be staged: {err}") from err
+        stage_s = time.perf_counter() - started
         self._apply(version, manifest, full)
+        self.last_update.update(stage_s=stage_s, seconds=time.perf_counter() - started)
 
     def _apply(self, version: int, manifest: list[Entry], full: bool) -> None:
         """Have the worker check the staged update, then (requests interrupted) load and verify it."""
@@ -185,7 +193,7 @@ class VLLMEngine(RolloutEngine):
             self._failed_update(in_flight, message)
             raise EngineError(message)
         self._version = version
-        self.last_update = report
+        self.last_update = {**report, "check_s": verdict["check_s"]}
         for job, seq in in_flight:
             self._add_request(job, [seq])
 

@@ -27,7 +27,9 @@ vLLM's worker process.
 
 from __future__ import annotations
 
+import itertools
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,8 +118,7 @@ def weight_layout(model: torch.nn.Module) -> dict[str, Slot]:
 
 
 def check_tensors(tensors: dict[str, torch.Tensor], layout: dict[str, Slot], full: bool) -> None:
-    """Names, shapes and dtypes of received tensors against the model; `full`: every slot must be present
-    (values: `non_finite`)."""
+    """Names, shapes and dtypes of received tensors against the model; `full`: every slot must be present."""
     unknown = sorted(set(tensors) - set(layout))
     if unknown:
         raise ValueError(f"{len(unknown)} tensors the model does not have, e.g. {unknown[:3]}")
@@ -202,15 +203,6 @@ def sampled_mismatches(
     return bad
 
 
-def non_finite(tensors: dict[str, tuple[Entry, torch.Tensor]]) -> list[str]:
-    """Names holding a NaN or an infinity (max and min propagate NaN; two vectorized passes)."""
-    bad = []
-    for name, (_, t) in tensors.items():
-        if t.numel() and not (bool(torch.isfinite(t.max())) and bool(torch.isfinite(t.min()))):
-            bad.append(name)
-    return bad
-
-
 class FrozenCopyMethod:
     """A linear layer's compute path holding its own copy of the weight (`heterorl_stale_kernel`)."""
 
@@ -236,9 +228,11 @@ class HeteroRLWorker:
         """Map the staging buffer (once per file) and check a staged update without touching the model.
 
         Checks the manifest (known names, the model's shapes, bounds; `full`: every tensor present), then every
-        tensor's xxh3 digest, then finiteness. Returns {"refused": reason} (nothing will be loaded) or
-        {"refused": None} (`heterorl_apply_update` may load it). A malformed request raises ValueError.
+        tensor's xxh3 digest (the engine checked finiteness while staging). Returns {"refused": reason} (nothing
+        will be loaded) or {"refused": None} (`heterorl_apply_update` may load it). A malformed request raises
+        ValueError.
         """
+        started = time.perf_counter()
         self._heterorl_pending = None
         buffer = self.__dict__.setdefault("_heterorl_buffer", MappedBuffer())
         buffer.attach(path, size)
@@ -248,11 +242,8 @@ class HeteroRLWorker:
         broken = corrupted(tensors)
         if broken:
             return {"refused": f"{len(broken)} tensors arrived corrupted (digest mismatch), e.g. {broken[:3]}"}
-        bad = non_finite(tensors)
-        if bad:
-            return {"refused": f"{len(bad)} tensors hold NaN or infinity, e.g. {bad[:3]}"}
         self._heterorl_pending = tensors
-        return {"refused": None}
+        return {"refused": None, "check_s": time.perf_counter() - started}
 
     def heterorl_apply_update(self) -> dict[str, Any]:
         """Load the update `heterorl_check_update` accepted and verify it landed; a report (JSON types).
@@ -267,6 +258,7 @@ class HeteroRLWorker:
         if tensors is None:
             raise ValueError("no checked update to apply (call heterorl_check_update first)")
         self._heterorl_pending = None
+        clock = [time.perf_counter()]
         model = self.model_runner.get_model()
         layout = weight_layout(model)
         params = dict(model.named_parameters())
@@ -275,10 +267,24 @@ class HeteroRLWorker:
                 slot = layout[name]
                 held = params[slot.param].data
                 (held[slot.start : slot.stop] if held.ndim else held).copy_(staged)
+        clock.append(time.perf_counter())
         repack_linears(model)
+        clock.append(time.perf_counter())
         mismatched = sampled_mismatches(model, tensors, layout, self.SAMPLES_PER_TENSOR)
+        clock.append(time.perf_counter())
         probed, stale = stale_linears(model)
-        return {"loaded": len(tensors), "mismatched": mismatched, "probed": probed, "stale": stale}
+        clock.append(time.perf_counter())
+        copy_s, repack_s, sample_s, probe_s = (b - a for a, b in itertools.pairwise(clock))
+        return {
+            "loaded": len(tensors),
+            "mismatched": mismatched,
+            "probed": probed,
+            "stale": stale,
+            "copy_s": copy_s,
+            "repack_s": repack_s,
+            "sample_s": sample_s,
+            "probe_s": probe_s,
+        }
 
     def heterorl_full_check(self, manifest: list) -> list[str]:
         """Every element of every staged tensor against the model (a full pass: diagnostics and tests, not the
