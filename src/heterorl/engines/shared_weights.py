@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -248,3 +249,18 @@ class MappedBuffer:
 def corrupted(tensors: Mapping[str, tuple[Entry, torch.Tensor]]) -> list[str]:
     """Names whose mapped bytes do not hash to their manifest digest."""
     return [name for name, (entry, view) in tensors.items() if digest(view) != entry.digest]
+
+
+def update_problems(report: dict[str, Any]) -> list[str]:
+    """What the worker's `heterorl_apply_update`'s report says went wrong (nothing: the update landed)."""
+    problems = []
+    if report["mismatched"]:
+        problems.append(f"{len(report['mismatched'])} tensors not held as sent, e.g. {report['mismatched'][:3]}")
+    if report["stale"]:
+        problems.append(
+            f"{len(report['stale'])} layers compute with other weights than they hold (a packed kernel copy), "
+            f"e.g. {report['stale'][:3]}"
+        )
+    if report["probed"] == 0:
+        problems.append("no linear layer could be probed")
+    return problems

@@ -42,10 +42,10 @@ from transformers import AutoTokenizer
 from heterorl.config import RunConfig, VLLMEngineConfig
 from heterorl.engines.base import EngineError, RolloutEngine
 from heterorl.engines.lora_merge import AdapterMerger
-from heterorl.engines.shared_weights import Entry, NonFiniteError, StagingBuffer
-from heterorl.engines.vllm_jobs import Job, Sequence, make_job
+from heterorl.engines.shared_weights import Entry, NonFiniteError, StagingBuffer, update_problems
+from heterorl.engines.vllm_jobs import Job, Sequence, make_job, sampled_logprobs
 from heterorl.engines.vllm_setup import engine_args, import_vllm, on_cpu
-from heterorl.policy import Generation, SamplingParams, filter_logits
+from heterorl.policy import Generation, SamplingParams
 
 _SEED_STRIDE = 1_000_003  # request numbers of different engine seeds land apart
 _SEED_SPACING = 1 << 16  # a request's completions take seeds seed .. seed + n - 1 (vLLM's fan-out): n < spacing
@@ -174,16 +174,7 @@ class VLLMEngine(RolloutEngine):
         except WorkerCallError as err:  # the worker's state is unknown: refuse to generate
             self._failed_update(in_flight, f"weights for version {version} did not load: {err}")
             raise EngineError(f"weights for version {version} did not load: {err}") from err
-        problems = []
-        if report["mismatched"]:
-            problems.append(f"{len(report['mismatched'])} tensors not held as sent, e.g. {report['mismatched'][:3]}")
-        if report["stale"]:
-            problems.append(
-                f"{len(report['stale'])} layers compute with other weights than they hold (a packed kernel copy), "
-                f"e.g. {report['stale'][:3]}"
-            )
-        if report["probed"] == 0:
-            problems.append("no linear layer could be probed")
+        problems = update_problems(report)
         if problems:
             message = f"weights for version {version} did not land: " + "; ".join(problems)
             self._failed_update(in_flight, message)
@@ -349,14 +340,8 @@ class VLLMEngine(RolloutEngine):
         while self._scoring & set(pending):
             self.step()  # also advances (and routes) the jobs in flight
         for request_id, (i, P, completion) in pending.items():
-            prompt_logprobs = self._scored.pop(request_id)
-            logp_LV = torch.full((len(completion), vocab), float("-inf"))
-            for t in range(len(completion)):
-                entry = prompt_logprobs[P + t]  # the log-probs of token P + t given the tokens before it
-                ids = torch.tensor(list(entry.keys()), dtype=torch.long)
-                logp_LV[t, ids] = torch.tensor([e.logprob for e in entry.values()], dtype=torch.float32)
-            sampled_LV = filter_logits(logp_LV, params)
-            out[i, : len(completion)] = sampled_LV.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+            logprobs = self._scored.pop(request_id)[P : P + len(completion)]  # token P + t given those before it
+            out[i, : len(completion)] = sampled_logprobs(logprobs, completion, vocab, params)
         return torch.where(completion_mask_NL.cpu().bool(), out, torch.zeros_like(out))
 
     # ------------------------------------------------------------------ lifecycle

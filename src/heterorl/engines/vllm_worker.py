@@ -286,12 +286,11 @@ class HeteroRLWorker:
             "probe_s": probe_s,
         }
 
-    def heterorl_full_check(self, manifest: list) -> list[str]:
+    def heterorl_full_check(self, path: str, size: int, manifest: list) -> list[str]:
         """Every element of every staged tensor against the model (a full pass: diagnostics and tests, not the
         update path); the names that differ."""
-        buffer = self.__dict__.get("_heterorl_buffer")
-        if buffer is None:
-            raise ValueError("no staging buffer is mapped")
+        buffer = self.__dict__.setdefault("_heterorl_buffer", MappedBuffer())
+        buffer.attach(path, size)
         tensors = buffer.tensors(manifest)
         model = self.model_runner.get_model()
         return mismatched_params(model, {n: v for n, (_, v) in tensors.items()}, weight_layout(model))
