@@ -76,7 +76,7 @@ class NonFiniteError(ValueError):
 
 def digest(tensor: torch.Tensor) -> str:
     """xxh3-64 of a contiguous CPU tensor's bytes (hex)."""
-    return xxhash.xxh3_64_hexdigest(tensor.view(torch.uint8).numpy())
+    return xxhash.xxh3_64_hexdigest(tensor.reshape(-1).view(torch.uint8).numpy())
 
 
 def copy_digest_finite(src_u8: np.ndarray, dst_u8: np.ndarray, dtype: str) -> tuple[str, bool]:
@@ -146,12 +146,12 @@ class StagingBuffer:
                 raise ValueError(f"{name}: dtype {tensor.dtype} cannot be staged (bfloat16, float16, float32)")
             layout.append((name, tensor, dtype, offset))
             offset = _aligned(offset + tensor.numel() * tensor.element_size())
-        if offset > self.size:
+        if offset > self.size or self.path is None:
             self._grow(offset)
         entries, non_finite = [], []
         buffer = self.bytes.numpy()
         for name, tensor, dtype, start in layout:
-            src = tensor.detach().cpu().contiguous().view(torch.uint8).reshape(-1).numpy()
+            src = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
             hex_digest, finite = copy_digest_finite(src, buffer[start : start + src.size], dtype)
             entries.append(Entry(name, dtype, tuple(tensor.shape), start, hex_digest))
             if not finite:
