@@ -31,6 +31,7 @@ from heterorl.policy import Policy, SamplingParams, run_process
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--updates", type=int, default=8, help="timed updates")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="vLLM's compute dtype")
     parser.add_argument(
         "--in-flight", type=int, default=0, help="completions being generated at each update (0: none, clean CPU-s)"
     )
@@ -47,7 +48,7 @@ def main() -> None:
     n_params = sum(w.numel() for w in weights[0].values())
     cfg = VLLMEngineConfig(max_num_seqs=64, max_model_len=32 + 64 + 8)
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    engine = VLLMEngine(bench.path, cfg, eos_id=text.eos_id, pad_id=text.pad_id, seed=0)
+    engine = VLLMEngine(bench.path, cfg, eos_id=text.eos_id, pad_id=text.pad_id, seed=0, dtype=args.dtype)
     procs = new_children(before)
     walls, cpus, loads = [], [], []
     try:
@@ -73,6 +74,7 @@ def main() -> None:
         engine.close()
     print(
         f"{n_params / 1e6:.1f}M parameters ({sum(w.numel() * 2 for w in weights[0].values()) / 1e6:.0f} MB bf16), "
+        f"vLLM in {args.dtype}, "
         f"{args.in_flight} completions in flight: update {statistics.median(walls):.3f} s wall "
         f"(min {min(walls):.3f}, max {max(walls):.3f}), {statistics.median(cpus):.3f} CPU-s, over {len(walls)} "
         f"updates; 1-min load {min(loads):.1f}-{max(loads):.1f}"

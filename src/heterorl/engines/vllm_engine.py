@@ -101,7 +101,7 @@ class VLLMEngine(RolloutEngine):
         self._engine: Any = None
         self._engine = LLMEngine.from_engine_args(args)
         self._layout: dict[str, tuple[int, ...]] = {
-            name: tuple(shape) for name, shape in self._rpc("heterorl_layout").items()
+            name: tuple(shape) for name, shape in self._rpc("heterorl_setup").items()
         }
 
     @classmethod

@@ -61,13 +61,36 @@ def install_weight_keeping_cpu_gemm() -> None:
 install_weight_keeping_cpu_gemm()  # vLLM imports this module in the worker before it builds the model
 
 
+def looks_up(module: torch.nn.Module) -> bool:
+    """An input embedding: it computes by looking rows of its weight up, never by a matmul (an LM head, tied to it
+    or not, is a `ParallelLMHead`), so its matmul kernel is never used."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    return isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead)
+
+
 def packed_linears(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The layers whose CPU kernel holds a packed copy of a 2-D weight (vLLM's `cpu_linear`); none on GPU."""
+    """The layers that compute with a packed copy of a 2-D weight (vLLM's CPU `cpu_linear`); none on GPU."""
     return [
         m
         for m in model.modules()
-        if hasattr(m, "cpu_linear") and isinstance(getattr(m, "weight", None), torch.Tensor) and m.weight.ndim == 2
+        if hasattr(m, "cpu_linear")
+        and isinstance(getattr(m, "weight", None), torch.Tensor)
+        and m.weight.ndim == 2
+        and not looks_up(m)
     ]
+
+
+def drop_unused_packs(model: torch.nn.Module) -> int:
+    """Free the packed matmul copy vLLM-CPU builds for input embeddings too (never used: they look rows up; with
+    tied weights it doubles the LM head's memory); how many were dropped. Their matmul, if ever called, reads the
+    weight itself."""
+    dropped = 0
+    for module in model.modules():
+        if hasattr(module, "cpu_linear") and looks_up(module):
+            module.cpu_linear = F.linear
+            dropped += 1
+    return dropped
 
 
 def repack_linears(model: torch.nn.Module) -> int:
@@ -149,7 +172,8 @@ def mismatched_params(model: torch.nn.Module, tensors: dict[str, torch.Tensor], 
 def stale_linears(model: torch.nn.Module, columns: int = PROBE_COLUMNS) -> tuple[int, list[str]]:
     """(layers probed, names of those whose forward does not compute with their current weight).
 
-    Probes every module with a 2-D `weight` and a `quant_method.apply` (linear layers and the LM head) with
+    Probes every module with a 2-D `weight` that computes with `quant_method.apply` (linear layers and the LM head;
+    not input embeddings, which look their weight up) with
     one-hot inputs at `columns` random input positions j: the output row must equal W[:, j] bit for bit. A one-hot
     product is exact in any kernel (one nonzero term per output, whatever the summation order or a bf16 inner
     format: published weights are bf16 values), so this checks packed kernels exactly; a kernel computing with
@@ -162,6 +186,8 @@ def stale_linears(model: torch.nn.Module, columns: int = PROBE_COLUMNS) -> tuple
         weight = getattr(module, "weight", None)
         method = getattr(module, "quant_method", None)
         if not isinstance(weight, torch.Tensor) or weight.ndim != 2 or not hasattr(method, "apply"):
+            continue
+        if looks_up(module):  # computes by lookup, from the weight itself
             continue
         if weight.numel() == 0:  # the weight was freed: the kernel holds the only (packed) copy
             stale.append(name)
@@ -219,9 +245,12 @@ class HeteroRLWorker:
 
     SAMPLES_PER_TENSOR = 64  # positions compared per tensor after an update (sampled_mismatches)
 
-    def heterorl_layout(self) -> dict[str, list[int]]:
-        """Published name -> expected shape, for the engine's own checks before it sends anything."""
-        layout = weight_layout(self.model_runner.get_model())
+    def heterorl_setup(self) -> dict[str, list[int]]:
+        """Once, when the engine starts: drop the packed copies nothing computes with (`drop_unused_packs`), and
+        return published name -> expected shape, for the engine's own checks before it sends anything."""
+        model = self.model_runner.get_model()
+        drop_unused_packs(model)
+        layout = weight_layout(model)
         return {name: list(slot.shape) for name, slot in layout.items()}
 
     def heterorl_check_update(self, path: str, size: int, manifest: list, full: bool) -> dict[str, Any]:
