@@ -238,8 +238,8 @@ def text_format(path: Path) -> TextFormat:
 
 
 def run_model(bench: Bench, args: argparse.Namespace) -> list[dict]:
-    """Every engine on `bench`, timed in alternation (transformers, vLLM, vLLM direct, transformers, ...) so that the
-    load of a shared machine falls on all alike; never at once (a waiting vLLM engine uses no CPU)."""
+    """Every engine on `bench`, timed in alternation (transformers, vLLM, vLLM direct, then the reverse order, ...) so
+    that the load of a shared machine falls on all alike; never at once (a waiting vLLM engine uses no CPU)."""
     text = text_format(bench.path)
     policy = Policy.load(bench.path, torch.device(args.device), getattr(torch, args.dtype))
     weights = {n: p.detach().to("cpu", torch.bfloat16).clone() for n, p in policy.model.named_parameters()}
@@ -282,8 +282,9 @@ def run_model(bench: Bench, args: argparse.Namespace) -> list[dict]:
             ids, mask = text.encode_prompts(bench.prompts, engine.device)
             one_run(engine, ids[:2], mask[:2], 2, SamplingParams(max_new_tokens=4))  # warm-up
             rows[name].update(rates=[], tokens=[], loads=[], cpu_s=[], prompt_len=ids.shape[1])
-        for _ in range(args.repeats):
-            for name, engine in engines.items():
+        for r in range(args.repeats):
+            for name in list(engines) if r % 2 == 0 else list(engines)[::-1]:  # alternating order too
+                engine = engines[name]
                 ids, mask = text.encode_prompts(bench.prompts, engine.device)
                 rows[name]["loads"].append(os.getloadavg()[0])
                 cpu = cpu_seconds(procs[name])
@@ -292,6 +293,11 @@ def run_model(bench: Bench, args: argparse.Namespace) -> list[dict]:
                 rows[name]["rates"].append(tokens / (time.perf_counter() - start))
                 rows[name]["cpu_s"].append(cpu_seconds(procs[name]) - cpu)
                 rows[name]["tokens"].append(tokens)
+                print(
+                    f"  {bench.name} {name:13s} {rows[name]['rates'][-1]:7.1f} tokens/s, "
+                    f"{tokens / rows[name]['cpu_s'][-1]:7.1f} per CPU-s (1-min load {rows[name]['loads'][-1]:.1f})",
+                    flush=True,
+                )
     finally:
         for engine in engines.values():
             if not isinstance(engine, TransformersEngine):
