@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from heterorl.config import RunConfig, load_config
-from heterorl.loop.run_dir import new_run_dir
+from heterorl.run.run_dir import new_run_dir
 
 Clock = Literal["simulated", "live"]
 
@@ -94,15 +94,18 @@ class Trainer:
             callback.on_start(self)
 
     # ---------------------------------------------------------------- running
-    def fit(self, clock: Clock = "simulated", ray: str | None = None) -> dict[str, Any] | None:
+    def fit(self, clock: Clock = "simulated", ray: str | None = None, resume: bool = False) -> dict[str, Any] | None:
         """Run to `learner.steps` (or `stop()`) on the chosen clock; returns the summary.
 
         Live runs start local processes, or Ray actors with `ray` ('local' or a cluster address; callbacks are not
-        supported there). Under torchrun the simulated run's learner spans the ranks; follower ranks return None.
+        supported there); `resume` continues an interrupted live run in `run_dir`. Under torchrun the simulated
+        run's learner spans the ranks; follower ranks return None.
         """
+        if resume and (clock != "live" or ray is not None):
+            raise ValueError("resume continues a live run of local processes (clock='live', no ray)")
         if clock == "simulated":
-            from heterorl.loop.distributed import run_as_rank
-            from heterorl.run import execute
+            from heterorl.parallel.distributed import run_as_rank
+            from heterorl.simulated.run import execute
 
             def simulated() -> dict[str, Any]:
                 return execute(self.cfg, self.run_dir, self.show_progress, overwrite=self.overwrite, observer=self)
@@ -121,7 +124,9 @@ class Trainer:
         elif clock == "live":
             from heterorl.live.launcher import run_live
 
-            summary = run_live(self.cfg, self.run_dir, self.show_progress, overwrite=self.overwrite, observer=self)
+            summary = run_live(
+                self.cfg, self.run_dir, self.show_progress, overwrite=self.overwrite, observer=self, resume=resume
+            )
         else:
             raise ValueError(f"clock must be 'simulated' or 'live', got {clock!r}")
         self.summary = summary

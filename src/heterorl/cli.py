@@ -153,16 +153,18 @@ def _live_errors() -> Iterator[None]:
     """Failures a user can act on (live setup, token, unreachable learner, ranks, Ray, the store, a diverged
     learner) print in red and exit 1."""
     from heterorl.launch.errors import LaunchError
-    from heterorl.live.launcher import LiveRunError
+    from heterorl.live.launcher import LiveInterruptedError, LiveRunError
     from heterorl.live.preflight import LiveSetupError
-    from heterorl.loop.distributed import DistributedSetupError
+    from heterorl.live.sampler_node import SamplerStoppedError
     from heterorl.loop.learner_loop import TrainingDivergedError
+    from heterorl.parallel.distributed import DistributedSetupError
     from heterorl.transport.http.auth import TokenError
     from heterorl.transport.http.client import AuthError, LearnerUnreachableError
     from heterorl.transport.store.objects import StoreSetupError
     from heterorl.transport.store.source import StoreUnreachableError
 
     failures = (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError, TrainingDivergedError)
+    failures += (SamplerStoppedError, LiveInterruptedError)
     try:
         yield
     except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError, ConfigError) as exc:
@@ -202,24 +204,29 @@ def run(
         bool,
         typer.Option("--overwrite", help="Replace the run already in --run-dir (default: refuse).", metavar=""),
     ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="With --live: continue the interrupted run in --run-dir.", metavar="")
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Post-train a model with RL on the simulated cluster (or, with --live, on local processes; with --ray, as Ray
     actors) and write a run directory."""
     cfg = _load(config, set_)
+    if resume and (not live or run_dir is None):
+        raise typer.BadParameter("--resume continues a live run: use it with --live and that run's --run-dir")
     if live and ray is not None:
         raise typer.BadParameter("--live and --ray are two ways to launch the same run: pick one")
     if nproc is not None and (live or ray is not None):
         raise typer.BadParameter("--nproc runs the simulated learner as N processes; with --ray use ray.learner.ranks")
     _under_torchrun(nproc)
     from heterorl.api import Trainer
-    from heterorl.loop.run_dir import RunDirError, new_run_dir
+    from heterorl.run.run_dir import RunDirError, new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "run")
     trainer = Trainer(cfg, run_dir=target, show_progress=not quiet, overwrite=overwrite)
     with _live_errors():
         try:
-            summary = trainer.fit(clock="live" if live or ray is not None else "simulated", ray=ray)
+            summary = trainer.fit(clock="live" if live or ray is not None else "simulated", ray=ray, resume=resume)
         except RunDirError as exc:
             typer.secho(str(exc), fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
@@ -246,8 +253,8 @@ def learner(
     cfg = _load(config, set_)
     _under_torchrun(nproc)
     from heterorl.live.learner_node import serve_learner
-    from heterorl.loop.distributed import is_follower, run_as_rank
-    from heterorl.loop.run_dir import new_run_dir
+    from heterorl.parallel.distributed import is_follower, run_as_rank
+    from heterorl.run.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "learner")
     with _live_errors():
@@ -465,6 +472,98 @@ def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory."
         f"total {sent / 1e6:.3f} MB sent vs {full / 1e6:.3f} MB of full weights ({full / max(sent, 1):.1f}x less); "
         f"changed share per version: mean {sum(shares) / len(shares):.4%}, max {max(shares):.4%}"
     )
+
+
+lab_app = typer.Typer(
+    cls=Group, no_args_is_help=True, help="WAN lab: samplers' links shaped for real between network namespaces (root)."
+)
+app.add_typer(lab_app, name="lab")
+
+
+@lab_app.command("ping", cls=Command)
+@user_errors
+def lab_ping(
+    config: ConfigArg = None,
+    overrides: SetOpt = None,
+    seconds: Annotated[float, typer.Option(min=0.5, help="Length of each bulk transfer at the link's rate (s).")] = 3.0,
+    pings: Annotated[int, typer.Option(min=1, help="Round trips measured per link.")] = 10,
+) -> None:
+    """Each sampler link of the config, shaped in a WAN lab: round trip (1-byte pings on a TCP connection) and
+    steady rates (bulk upload and download, second half of the bytes) measured through real TCP, beside the
+    configured values (docs/wan-lab.md)."""
+    import os
+
+    from rich.table import Table
+
+    from heterorl.console import console, out
+    from heterorl.lab import LabError, WanLab
+    from heterorl.lab.ping import configured_rtt, measure_link, start_probe_server
+
+    cfg = _load(config, overrides)
+    links = [node.link for node in cfg.cluster.samplers]
+    for i, link in enumerate(links):
+        median = configured_rtt(link, n=1000)[0]
+        if median > MAX_PING_RTT_S:
+            typer.secho(
+                f"error: cluster.samplers.{i}.link has a median round trip of {median:.0f} s; `lab ping` measures "
+                f"links up to {MAX_PING_RTT_S:.0f} s (set shorter delays with --set)",
+                fg=typer.colors.RED,
+                err=True,
+            )
+            raise typer.Exit(1)
+    table = Table(title="WAN lab links: configured vs measured through TCP")
+    for col in ("sampler", "RTT cfg p50/p90", "RTT measured p50/p90", "up cfg/measured", "down cfg/measured", "retx"):
+        table.add_column(col, justify="right")
+    try:
+        with WanLab(links, seed=cfg.seed) as lab:
+            start_probe_server(lab)
+            before = lab.stats()["cpu_s"]
+            for i, node in enumerate(cfg.cluster.samplers):
+                console.print(f"measuring link {i} ({node.name or f'sampler-{i}'}) ...")
+                m = measure_link(lab, i, seconds=seconds, pings=pings)
+                p50, p90 = configured_rtt(node.link)
+                rates = [node.link.bandwidth_of(p) for p in ("rollout", "weights")]
+                cfg_rtt = "trace" if node.link.trace else f"{p50 * 1e3:.1f}/{p90 * 1e3:.1f} ms"
+                table.add_row(
+                    node.name or f"sampler-{i}",
+                    cfg_rtt,
+                    f"{m.rtt_median * 1e3:.1f}/{m.rtt_p90 * 1e3:.1f} ms",
+                    f"{_mbps(rates[0])}/{m.upload_mbps:.2f}",
+                    f"{_mbps(rates[1])}/{m.download_mbps:.2f}",
+                    str(m.retransmitted),
+                )
+            stats = lab.stats()
+    except LabError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    out.print(table)
+    out.print(
+        f"rates in payload Mbit/s (1448 of 1500 bytes); router CPU {stats['cpu_s'] - before:.2f} s over "
+        f"{stats['elapsed_s']:.1f} s, latest write {stats['late_max_s'] * 1e3:.1f} ms late; "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
+
+
+MAX_PING_RTT_S = 30.0  # `lab ping` sends ~20 round trips per link; beyond this it would take many minutes
+
+
+def _mbps(rate: float | None) -> str:
+    return "unlimited" if rate is None else f"{rate:g}"
+
+
+@lab_app.command("clean", cls=Command)
+def lab_clean() -> None:
+    """Delete network namespaces left behind by labs that were killed outright (their process is gone)."""
+    from heterorl.lab import LabError
+    from heterorl.lab.netns import check_host, remove_stale
+
+    try:
+        check_host()
+    except LabError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    removed = remove_stale()
+    typer.echo(f"removed {len(removed)} namespace(s)" + (f": {', '.join(removed)}" if removed else ""))
 
 
 def main() -> None:  # pragma: no cover
