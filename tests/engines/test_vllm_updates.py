@@ -10,7 +10,7 @@ import torch
 from heterorl.config import WeightsConfig
 from heterorl.engines.base import EngineError
 from heterorl.engines.lora_merge import AdapterMerger
-from heterorl.engines.shared_weights import Entry
+from heterorl.engines.shm_staging import Entry
 from heterorl.engines.vllm_engine import VLLMEngine
 from heterorl.policy import Policy, SamplingParams, run_process
 from heterorl.weights import WeightReceiver, WeightStore

@@ -10,7 +10,7 @@ any number of chunks at once:
 - `generate(...)` is the `RolloutEngine` process on top: submit, then one `step()` per `next()`. Several
   `generate` processes on one engine advance the same batch together (continuous batching).
 
-Weight updates (`load_weights`) travel through shared memory (`shared_weights`): the engine copies the published
+Weight updates (`load_weights`) travel through shared memory (`shm_staging`): the engine copies the published
 tensors into a file the worker maps once and sends a manifest with one xxh3 digest per tensor. The worker checks
 the manifest and every digest before it touches a parameter (a corrupted or malformed update is refused and the
 engine keeps its weights, its version and its completions in flight); then, with the requests in flight
@@ -42,7 +42,7 @@ from transformers import AutoTokenizer
 from heterorl.config import RunConfig, VLLMEngineConfig
 from heterorl.engines.base import EngineError, RolloutEngine
 from heterorl.engines.lora_merge import AdapterMerger
-from heterorl.engines.shared_weights import Entry, NonFiniteError, StagingBuffer, update_problems
+from heterorl.engines.shm_staging import Entry, NonFiniteError, StagingBuffer, update_problems
 from heterorl.engines.vllm_jobs import Job, Sequence, make_job, sampled_logprobs
 from heterorl.engines.vllm_setup import engine_args, import_vllm, on_cpu
 from heterorl.policy import Generation, SamplingParams

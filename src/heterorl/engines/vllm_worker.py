@@ -1,7 +1,7 @@
 """Inside vLLM's worker: load heterorl's published weights in place and prove that every layer computes with them.
 
 `HeteroRLWorker` is vLLM's `worker_extension_cls`: vLLM mixes it into its worker, so the engine reaches these
-methods through `collective_rpc`. Weights arrive through shared memory (`shared_weights`): the worker maps the
+methods through `collective_rpc`. Weights arrive through shared memory (`shm_staging`): the worker maps the
 engine's staging file once and reads each tensor in place; only a manifest (names, offsets, digests) crosses the
 RPC, so nothing is serialized and nothing is unpickled.
 
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from heterorl.engines.shared_weights import Entry, MappedBuffer, corrupted
+from heterorl.engines.shm_staging import Entry, MappedBuffer, corrupted
 
 _ORIGINAL_CPU_DISPATCH: Any = None
 PROBE_COLUMNS = 8  # one-hot rows per linear layer in `stale_linears`

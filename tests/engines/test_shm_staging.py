@@ -12,7 +12,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heterorl.engines.shared_weights import (
+from heterorl.engines.shm_staging import (
     ALIGN,
     CHUNK,
     Entry,
