@@ -44,6 +44,7 @@ class SamplerWorker:
             )
         self.index, self.sampler, self.name = index, sampler, sampler.sampler_id
         self.receiver = receiver if receiver is not None else WeightReceiver()
+        self.receiver.workers = cfg.weights.codec_threads  # threads decoding an update's tensors
         self.lock = threading.Lock()  # the receiver's weights and the engine's weights
         self.interruptible = cfg.sampler.interruptible
         self.applied = self.failed = self.ignored = 0  # weight updates
