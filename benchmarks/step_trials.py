@@ -134,7 +134,6 @@ def heterorl_trial(cfg: RunConfig, warmup: int) -> dict[str, Any]:
         (BackgroundPublisher, "result"),
         (SimLearnerSide, "settle"),
         (SimLearnerSide, "_answer"),
-        (SimLearnerSide, "_send_shared"),
         (SamplerWorker, "receive"),
         (SamplerWorker, "refresh"),
     ]:

@@ -1,5 +1,5 @@
-"""SamplerWorker: its receiver decodes updates with `weights.codec_threads` threads, whichever receiver a driver
-hands it (the live driver's own, the simulator's `SharedReceiver`)."""
+"""SamplerWorker: its receiver decodes updates with `weights.codec_threads` threads under both clocks (a live
+sampler's worker builds its own receiver; the simulator hands each worker a `SharedReceiver`)."""
 
 from __future__ import annotations
 
@@ -13,20 +13,27 @@ from conftest import tiny_config
 from heterorl.loop.worker import SamplerWorker
 from heterorl.policy import Policy, SamplingParams
 from heterorl.sampler import Sampler
+from heterorl.simulated.run import build_simulated
 from heterorl.simulated.shared_weights import SharedReceiver
 from heterorl.tasks import make_task
-from heterorl.weights import WeightReceiver, WeightStore
+from heterorl.weights import WeightStore
 
 
-@pytest.mark.parametrize("receiver", [None, SharedReceiver], ids=["own", "shared"])
+@pytest.mark.parametrize("clock", ["live", "simulated"])
 def test_updates_decode_with_codec_threads(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, receiver: type[WeightReceiver] | None
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clock: str
 ) -> None:
     cfg = tiny_config(tiny_model_dir, "weights.codec=pulse", "weights.codec_threads=3")
     policy = Policy.load(tiny_model_dir)
-    params = SamplingParams.from_config(cfg.sampler)
-    sampler = Sampler.from_policy("sampler-0", policy, make_task(cfg.task), params, cfg.sampler.group_size, 0)
-    worker = SamplerWorker(cfg, 0, sampler, None if receiver is None else receiver())
+    if clock == "live":
+        params = SamplingParams.from_config(cfg.sampler)
+        sampler = Sampler.from_policy("sampler-0", policy, make_task(cfg.task), params, cfg.sampler.group_size, 0)
+        worker = SamplerWorker(cfg, 0, sampler)
+    else:
+        cluster = build_simulated(cfg, tmp_path, str(tiny_model_dir))
+        cluster.close()
+        worker = cluster.nodes[0].worker
+        assert isinstance(worker.receiver, SharedReceiver)
     threads: list[int] = []
     apply_patch = store_module.apply_patch
 
