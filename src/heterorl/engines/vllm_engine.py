@@ -1,24 +1,29 @@
-"""The vLLM rollout engine: continuous batching, processed log-probs, verified weight updates.
+"""The vLLM rollout engine: continuous batching, processed log-probs, verified in-place weight updates.
 
 One `VLLMEngine` owns one vLLM `LLMEngine` (its engine core and worker run in their own processes) and serves
 any number of chunks at once:
 
-- `submit(prompt_ids_KP, prompt_mask_KP, G, params)` queues K*G requests (one per completion, each with its own
-  seed derived from the engine's) and returns a `Job`; `step()` runs one engine step for every request in flight
-  and routes the new tokens to their jobs; `result(job)` gives the finished `Generation`;
+- `submit(prompt_ids_KP, prompt_mask_KP, G, params)` queues one request per prompt with n = G (vLLM fans it out
+  into G completions, each with its own seed: the request's seed + its index, so every completion's randomness is
+  its own and does not depend on what else is batched) and returns a `Job`; `step()` runs one engine step for
+  every request in flight and routes the new tokens to their completions; `result(job)` gives the `Generation`;
 - `generate(...)` is the `RolloutEngine` process on top: submit, then one `step()` per `next()`. Several
   `generate` processes on one engine advance the same batch together (continuous batching).
 
-Weight updates (`load_weights`): the published tensors travel to the worker as one safetensors blob; the worker
-loads them, then checks that every parameter holds them and every linear layer computes with them
-(`vllm_worker`). An update that does not land raises `EngineError` and leaves the engine without weights (no
-generation until a full update lands). The prefix cache is reset after every update.
+Weight updates (`load_weights`) travel through shared memory (`shm_staging`): the engine copies the published
+tensors into a file the worker maps once and sends a manifest with one xxh3 digest per tensor. The worker checks
+the manifest and every digest before it touches a parameter (a corrupted or malformed update is refused and the
+engine keeps its weights, its version and its completions in flight); then, with the requests in flight
+interrupted, it copies each tensor into its slot, compares a random sample of positions per tensor and probes
+that every linear layer computes with its weight (`vllm_worker`). An update that does not land after that raises
+`EngineError` and leaves the engine without weights (no generation until a full update lands). The prefix cache
+is reset after every update.
 
 Completions in flight at an update are interrupted and continued (`vllm_jobs`): their requests are aborted and
-resubmitted as prompt + tokens so far, so the KV cache of that prefix is recomputed with the new weights. Every
-token thus carries the log-prob and version of the one weight version that produced it (the behaviour policy),
-exactly like the transformers engine, and none is wasted. A loop that prefers whole completions at one version
-calls `load_weights` only between chunks.
+each unfinished completion is resubmitted on its own as prompt + tokens so far, so the KV cache of that prefix is
+recomputed with the new weights. Every token thus carries the log-prob and version of the one weight version that
+produced it (the behaviour policy), exactly like the transformers engine, and none is wasted. A loop that prefers
+whole completions at one version calls `load_weights` only between chunks.
 
 Not thread-safe: call it from one thread.
 """
@@ -26,22 +31,34 @@ Not thread-safe: call it from one thread.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save as save_safetensors
 from transformers import AutoTokenizer
 
 from heterorl.config import RunConfig, VLLMEngineConfig
 from heterorl.engines.base import EngineError, RolloutEngine
 from heterorl.engines.lora_merge import AdapterMerger
-from heterorl.engines.vllm_jobs import Job, Sequence, make_job
+from heterorl.engines.shm_staging import Entry, NonFiniteError, StagingBuffer, update_problems
+from heterorl.engines.vllm_jobs import Job, Sequence, make_job, sampled_logprobs
 from heterorl.engines.vllm_setup import engine_args, import_vllm, on_cpu
-from heterorl.policy import Generation, SamplingParams, filter_logits
+from heterorl.policy import Generation, SamplingParams
 
-_SEED_STRIDE = 1_000_003  # request seeds: engine seed * stride + request number (distinct per request)
+_SEED_STRIDE = 1_000_003  # request numbers of different engine seeds land apart
+_SEED_SPACING = 1 << 16  # a request's completions take seeds seed .. seed + n - 1 (vLLM's fan-out): n < spacing
+
+
+def request_seed(engine_seed: int, number: int) -> int:
+    """The seed of request `number`: its n completions use seed + 0 .. seed + n - 1, disjoint from every other
+    request's (for n <= 2**16 and fewer than 2**47 requests per engine seed)."""
+    return (engine_seed * _SEED_STRIDE + number) % (1 << 47) * _SEED_SPACING
+
+
+class WorkerCallError(RuntimeError):
+    """A call into vLLM's worker failed (vLLM reports it as a bare Exception)."""
 
 
 class VLLMEngine(RolloutEngine):
@@ -72,18 +89,19 @@ class VLLMEngine(RolloutEngine):
         self.device = torch.device("cpu")  # prompts are handed over as token lists
         self._version = -1
         self._jobs: dict[int, Job] = {}
-        self._owner: dict[str, tuple[Job, Sequence]] = {}  # request id -> its job and completion
+        self._owner: dict[str, tuple[Job, list[Sequence]]] = {}  # request id -> its job, completions by index
         self._job_ids = itertools.count()
         self._request_ids = itertools.count()
         self._params: dict[int, SamplingParams] = {}  # job id -> its sampling params
         self._scoring: set[str] = set()  # `score` requests in flight
         self._scored: dict[str, Any] = {}  # their prompt log-probs, once finished
         self.last_update: dict[str, Any] = {}  # the worker's report on the last update that landed
+        self._staging = StagingBuffer()  # shared memory the worker maps: how weights reach it
         args = engine_args(vllm, cfg, str(model_path), dtype, seed, self.cpu)
         self._engine: Any = None
         self._engine = LLMEngine.from_engine_args(args)
         self._layout: dict[str, tuple[int, ...]] = {
-            name: tuple(shape) for name, shape in self._rpc("heterorl_layout")[0].items()
+            name: tuple(shape) for name, shape in self._rpc("heterorl_setup").items()
         }
 
     @classmethod
@@ -115,28 +133,48 @@ class VLLMEngine(RolloutEngine):
         return self._version
 
     def load_weights(self, version: int, weights: Mapping[str, torch.Tensor]) -> None:
-        """Load published tensors (every weight, or the LoRA adapter) and verify them in every layer.
+        """Load published tensors (every weight, or the LoRA adapter) in place and verify them in every layer.
 
-        Requests in flight are interrupted and continue under the new weights (module docstring).
+        Requests in flight are interrupted and continue under the new weights (module docstring); an update the
+        worker refuses before loading (corrupted, malformed, non-finite) leaves weights, version and requests as
+        they were.
         """
         tensors, full = self._plain_tensors(version, weights)
+        started = time.perf_counter()
+        try:
+            manifest = self._staging.stage(tensors)
+        except NonFiniteError as err:
+            raise EngineError(
+                f"weights for version {version} refused (the engine keeps version {self._version}): {err}"
+            ) from err
+        except (ValueError, OSError) as err:
+            raise EngineError(f"weights for version {version} could not be staged: {err}") from err
+        stage_s = time.perf_counter() - started
+        self._apply(version, manifest, full)
+        self.last_update.update(stage_s=stage_s, seconds=time.perf_counter() - started)
+
+    def _apply(self, version: int, manifest: list[Entry], full: bool) -> None:
+        """Have the worker check the staged update, then (requests interrupted) load and verify it."""
+        buffer = self._staging
+        try:
+            verdict = self._rpc(
+                "heterorl_check_update", buffer.path, buffer.size, [e.to_wire() for e in manifest], full
+            )
+        except WorkerCallError as err:  # the check failed before anything was loaded
+            raise EngineError(f"weights for version {version} refused (the engine keeps its weights): {err}") from err
+        buffer.worker_mapped()
+        if verdict["refused"]:
+            raise EngineError(
+                f"weights for version {version} refused (the engine keeps version {self._version}): "
+                f"{verdict['refused']}"
+            )
         in_flight = self._interrupt()
         try:
-            blob = save_safetensors({name: t.detach().contiguous().cpu() for name, t in tensors.items()})
-            report = self._rpc("heterorl_load", blob, full)[0]
-        except (RuntimeError, ValueError, OSError) as err:  # the worker's state is unknown: refuse to generate
+            report = self._rpc("heterorl_apply_update")
+        except WorkerCallError as err:  # the worker's state is unknown: refuse to generate
             self._failed_update(in_flight, f"weights for version {version} did not load: {err}")
             raise EngineError(f"weights for version {version} did not load: {err}") from err
-        problems = []
-        if report["mismatched"]:
-            problems.append(f"{len(report['mismatched'])} tensors not held as sent, e.g. {report['mismatched'][:3]}")
-        if report["stale"]:
-            problems.append(
-                f"{len(report['stale'])} layers compute with other weights than they hold (a packed kernel copy), "
-                f"e.g. {report['stale'][:3]}"
-            )
-        if report["probed"] == 0:
-            problems.append("no linear layer could be probed")
+        problems = update_problems(report)
         if problems:
             message = f"weights for version {version} did not land: " + "; ".join(problems)
             self._failed_update(in_flight, message)
@@ -146,9 +184,9 @@ class VLLMEngine(RolloutEngine):
             self._failed_update(in_flight, message)
             raise EngineError(message)
         self._version = version
-        self.last_update = report
+        self.last_update = {**report, "check_s": verdict["check_s"]}
         for job, seq in in_flight:
-            self._add_request(job, seq)
+            self._add_request(job, [seq])
 
     def _plain_tensors(self, version: int, weights: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], bool]:
         """The tensors to load under vLLM's (Hugging Face) names, and whether they are the whole model."""
@@ -184,14 +222,16 @@ class VLLMEngine(RolloutEngine):
         if self._version < 0:
             raise EngineError("the engine has no weights yet (or its last update failed)")
         self._check_params(params)
+        if not 1 <= group_size < _SEED_SPACING:
+            raise EngineError(f"group size {group_size} outside 1 .. {_SEED_SPACING - 1}")
         try:
             job = make_job(next(self._job_ids), prompt_ids_KP, prompt_mask_KP, group_size, params.max_new_tokens)
         except ValueError as err:
             raise EngineError(str(err)) from err
         self._jobs[job.job_id] = job
         self._params[job.job_id] = params
-        for seq in job.sequences:
-            self._add_request(job, seq)
+        for k in range(prompt_ids_KP.shape[0]):  # one request per prompt, n = G
+            self._add_request(job, job.sequences[k * group_size : (k + 1) * group_size])
         return job
 
     def step(self) -> None:
@@ -207,20 +247,26 @@ class VLLMEngine(RolloutEngine):
             owner = self._owner.get(out.request_id)
             if owner is None:  # a late output of a request aborted at an update
                 continue
-            job, seq = owner
+            job, seqs = owner
             try:
-                for completion in out.outputs:
+                for completion in out.outputs:  # one per completion that advanced (its index in the request)
+                    if not 0 <= completion.index < len(seqs):
+                        raise ValueError(f"completion index {completion.index} of a request with n = {len(seqs)}")
+                    seq = seqs[completion.index]
                     tokens = list(completion.token_ids)
                     logps = [entry[tok].logprob for entry, tok in zip(completion.logprobs, tokens, strict=True)]
                     seq.extend(tokens, logps, self.eos_id)
-                if out.finished and not seq.done:
-                    raise ValueError(f"vLLM stopped a completion early ({out.outputs[0].finish_reason})")
+                    if completion.finish_reason is not None and not seq.done:
+                        raise ValueError(f"vLLM stopped a completion early ({completion.finish_reason})")
+                if out.finished and not all(seq.done for seq in seqs):
+                    raise ValueError("vLLM finished a request before its completions")
             except ValueError as err:
                 self._fail_job(job, f"vLLM returned a bad completion: {err}")
                 continue
             if out.finished:
                 del self._owner[out.request_id]
-                seq.request_id = None
+                for seq in seqs:
+                    seq.request_id = None
 
     def result(self, job: Job) -> Generation:
         """The finished job's `Generation` (EngineError if it failed); forgets the job."""
@@ -248,7 +294,7 @@ class VLLMEngine(RolloutEngine):
     @property
     def in_flight(self) -> int:
         """Completions being sampled now (all jobs)."""
-        return len(self._owner)
+        return sum(not seq.done for _, seqs in self._owner.values() for seq in seqs)
 
     # ------------------------------------------------------------------ scoring
     def score(
@@ -294,14 +340,8 @@ class VLLMEngine(RolloutEngine):
         while self._scoring & set(pending):
             self.step()  # also advances (and routes) the jobs in flight
         for request_id, (i, P, completion) in pending.items():
-            prompt_logprobs = self._scored.pop(request_id)
-            logp_LV = torch.full((len(completion), vocab), float("-inf"))
-            for t in range(len(completion)):
-                entry = prompt_logprobs[P + t]  # the log-probs of token P + t given the tokens before it
-                ids = torch.tensor(list(entry.keys()), dtype=torch.long)
-                logp_LV[t, ids] = torch.tensor([e.logprob for e in entry.values()], dtype=torch.float32)
-            sampled_LV = filter_logits(logp_LV, params)
-            out[i, : len(completion)] = sampled_LV.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+            logprobs = self._scored.pop(request_id)[P : P + len(completion)]  # token P + t given those before it
+            out[i, : len(completion)] = sampled_logprobs(logprobs, completion, vocab, params)
         return torch.where(completion_mask_NL.cpu().bool(), out, torch.zeros_like(out))
 
     # ------------------------------------------------------------------ lifecycle
@@ -312,6 +352,7 @@ class VLLMEngine(RolloutEngine):
         self._interrupt()
         engine, self._engine = self._engine, None
         engine.engine_core.shutdown()
+        self._staging.close()
 
     # ------------------------------------------------------------------ internals
     def _check_params(self, params: SamplingParams) -> None:
@@ -320,11 +361,11 @@ class VLLMEngine(RolloutEngine):
         if params.logit_noise > 0:
             raise EngineError("sampler.frictions.logit_noise needs sampler.engine.name: transformers")
 
-    def _vllm_params(self, params: SamplingParams, max_tokens: int, seed: int) -> Any:
+    def _vllm_params(self, params: SamplingParams, n: int, max_tokens: int, seed: int) -> Any:
         from vllm.sampling_params import RequestOutputKind
 
         return self._vllm.SamplingParams(
-            n=1,
+            n=n,
             temperature=params.temperature,
             top_k=params.top_k if params.top_k > 0 else 0,
             top_p=params.top_p,
@@ -336,35 +377,41 @@ class VLLMEngine(RolloutEngine):
             output_kind=RequestOutputKind.DELTA,
         )
 
-    def _add_request(self, job: Job, seq: Sequence) -> None:
-        """Start (or continue, after an update) one completion as a vLLM request with the current weights."""
+    def _add_request(self, job: Job, seqs: list[Sequence]) -> None:
+        """Start `seqs` (completions of one context: a prompt's G, or one continued after an update) as one vLLM
+        request with n = len(seqs) and the current weights."""
         number = next(self._request_ids)
         request_id = f"j{job.job_id}-r{number}"
-        seed = (self.seed * _SEED_STRIDE + number) % 2**63
-        params = self._vllm_params(self._params[job.job_id], seq.remaining, seed)
-        seq.request_id, seq.segment_version = request_id, self._version
-        seq.segments += 1
-        self._owner[request_id] = (job, seq)
-        self._engine.add_request(request_id, {"prompt_token_ids": seq.context()}, params)
+        params = self._vllm_params(
+            self._params[job.job_id], len(seqs), seqs[0].remaining, request_seed(self.seed, number)
+        )
+        for seq in seqs:
+            seq.request_id, seq.segment_version = request_id, self._version
+            seq.segments += 1
+        self._owner[request_id] = (job, seqs)
+        self._engine.add_request(request_id, {"prompt_token_ids": seqs[0].context()}, params)
 
     def _interrupt(self) -> list[tuple[Job, Sequence]]:
-        """Abort every request in flight; returns the completions to continue after the update."""
-        in_flight = list(self._owner.values())
-        if in_flight:
+        """Abort every request in flight; returns the unfinished completions to continue after the update."""
+        in_flight = [(job, seq) for job, seqs in self._owner.values() for seq in seqs if not seq.done]
+        if self._owner:
             self._engine.abort_request(list(self._owner))
+        for _, seqs in self._owner.values():
+            for seq in seqs:
+                seq.request_id = None
         self._owner.clear()
-        for _, seq in in_flight:
-            seq.request_id = None
         return in_flight
 
     def _fail_job(self, job: Job, message: str) -> None:
         """Abort a job's requests; its `generate` / `result` raises `message`."""
         job.error = job.error or message
+        requests = {seq.request_id for seq in job.sequences if seq.request_id is not None}
+        for request_id in requests:
+            self._owner.pop(request_id, None)
+        if requests:
+            self._engine.abort_request(sorted(requests))
         for seq in job.sequences:
-            if seq.request_id is not None:
-                self._owner.pop(seq.request_id, None)
-                self._engine.abort_request([seq.request_id])
-                seq.request_id = None
+            seq.request_id = None
 
     def _failed_update(self, in_flight: list[tuple[Job, Sequence]], message: str) -> None:
         """After an update that did not land: fail the interrupted jobs and hold no weights."""
@@ -378,5 +425,12 @@ class VLLMEngine(RolloutEngine):
             raise EngineError("cannot tell the vocabulary size (no embed_tokens.weight)")
         return embed[0][0]
 
-    def _rpc(self, method: str, *args: Any) -> list[Any]:
-        return self._engine.collective_rpc(method, args=args)
+    def _rpc(self, method: str, *args: Any) -> Any:
+        """Call `method` of the worker extension in vLLM's worker (one worker: tensor_parallel_size is 1)."""
+        try:
+            (result,) = self._engine.collective_rpc(method, args=args)
+        except Exception as err:
+            if type(err) is not Exception:  # only vLLM's report of a failed worker call (a bare Exception)
+                raise
+            raise WorkerCallError(str(err)) from err
+        return result

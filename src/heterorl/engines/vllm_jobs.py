@@ -9,11 +9,14 @@ log-prob and version of, exactly one weight version — as in the transformers e
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from heterorl.policy import Generation
+from heterorl.policy import Generation, SamplingParams, filter_logits
 
 _ROUNDING = 1e-5  # largest positive log-prob accepted as float rounding of 0
 
@@ -115,3 +118,20 @@ def make_job(
         raise ValueError("an empty prompt")
     sequences = [Sequence(prompt, max_tokens) for prompt in prompts for _ in range(group_size)]
     return Job(job_id, prompt_ids_KP, prompt_mask_KP, group_size, sequences)
+
+
+def sampled_logprobs(
+    logprobs: Sequence_[Mapping[int, Any]], completion: list[int], vocab: int, params: SamplingParams
+) -> torch.Tensor:
+    """Log-probs [L] of `completion`'s tokens under the sampling distribution, from vLLM's full-vocabulary prompt
+    log-probs at those positions (one {token: Logprob} per token).
+
+    Prompt log-probs are vLLM's unprocessed log-softmax; the sampling distribution (temperature, top-k, top-p) is
+    rebuilt from them with heterorl's `filter_logits` (log-softmax is shift-invariant, so they act as logits).
+    """
+    logp_LV = torch.full((len(completion), vocab), float("-inf"))
+    for t, entry in enumerate(logprobs):
+        ids = torch.tensor(list(entry.keys()), dtype=torch.long)
+        logp_LV[t, ids] = torch.tensor([e.logprob for e in entry.values()], dtype=torch.float32)
+    sampled_LV = filter_logits(logp_LV, params)
+    return sampled_LV.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
