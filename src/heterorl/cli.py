@@ -2,45 +2,24 @@
 
 from __future__ import annotations
 
-import functools
+import errno
 import platform
-from collections.abc import Callable, Iterator
+import socket
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
 
 from heterorl import __version__
+from heterorl.cli_errors import Command, Group, command_line, fail, on_interrupt, user_errors
 from heterorl.config import ConfigError, load_config
-from heterorl.errors import SetupError
-
-
-class _FlagHelp:
-    """typer prints a type after every option, `--help <bool>` included; flags take no value, so no type."""
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)  # type: ignore[misc]
-        if option is not None:
-            option.metavar = ""
-        return option
-
-
-class Command(_FlagHelp, TyperCommand):
-    pass
-
-
-class Group(_FlagHelp, TyperGroup):
-    pass
-
 
 app = typer.Typer(
     cls=Group, add_completion=False, no_args_is_help=True, help="RL post-training across slow, unequal networks."
 )
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 # Boolean options are flags (`--live`, no value); metavar "" keeps typer's help from printing a `<bool>` type.
 ConfigArg = Annotated[Path | None, typer.Argument(help="YAML run config (defaults apply when omitted).")]
@@ -76,22 +55,6 @@ def _root(
     """RL post-training across slow, unequal networks."""
 
 
-def user_errors(fn: F) -> F:
-    """A mistake in the user's setup (a missing model or data file, unusable data, a failing reward function, a
-    missing optional package: `heterorl.errors.SetupError`) prints one red line and exits 1; anything else is a
-    bug and keeps its traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except SetupError as exc:
-            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(1) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
 NprocOpt = Annotated[
     int | None,
     typer.Option(
@@ -101,11 +64,7 @@ NprocOpt = Annotated[
 
 
 def _load(config: Path | None, overrides: list[str] | None):
-    try:
-        return load_config(config, overrides or [])
-    except ConfigError as exc:
-        typer.secho(str(exc), fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+    return load_config(config, overrides or [])  # a ConfigError ends the command in one line (`user_errors`)
 
 
 def weight_traffic_text(summary: dict[str, Any], codec: str | None, wire_dtype: str | None) -> str:
@@ -149,25 +108,54 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 
 
 @contextmanager
-def _live_errors() -> Iterator[None]:
-    """Failures a user can act on (live setup, token, unreachable learner, ranks, Ray, the store, a diverged
-    learner) print in red and exit 1."""
+def _live_errors(connect: str | None = None) -> Iterator[None]:
+    """Failures a user can act on (live setup, token, unreachable learner, a URL that is no learner, ranks, Ray,
+    the store, a diverged learner, a run directory that cannot be used as asked) end in one line: exit 1, or 2
+    for the config or the run directory. `connect`: the sampler's --connect URL, named when it answers wrongly."""
     from heterorl.launch.errors import LaunchError
     from heterorl.live.launcher import LiveRunError
     from heterorl.live.preflight import LiveSetupError
     from heterorl.loop.distributed import DistributedSetupError
     from heterorl.loop.learner_loop import TrainingDivergedError
+    from heterorl.loop.run_dir import RunDirError
     from heterorl.transport.http.auth import TokenError
-    from heterorl.transport.http.client import AuthError, LearnerUnreachableError
+    from heterorl.transport.http.client import AuthError, LearnerUnreachableError, ProtocolError
     from heterorl.transport.store.objects import StoreSetupError
     from heterorl.transport.store.source import StoreUnreachableError
 
     failures = (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError, TrainingDivergedError)
     try:
         yield
-    except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError, ConfigError) as exc:
-        typer.secho(f"{type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
+    except (ConfigError, RunDirError) as exc:
+        fail(str(exc), 2)
+    except ProtocolError as exc:
+        fail(f"{exc} (is --connect {connect} the learner's URL?)" if connect else str(exc))
+    except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError) as exc:
+        fail(str(exc))
+
+
+def _check_listen(listen: str) -> None:
+    """`--listen HOST:PORT` names an address of this host whose port is free, checked before the model loads (the
+    service binds it minutes later on a large model; a port taken in between still fails at the bind)."""
+    from heterorl.live.preflight import parse_listen
+
+    with _live_errors():
+        host, port = parse_listen(listen)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        fail(f"--listen {listen}: cannot resolve {host!r} ({exc.strerror})")
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the service binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            why = {
+                errno.EADDRINUSE: "the port is in use (another learner still running?): pick another port or stop it",
+                errno.EADDRNOTAVAIL: f"{host} is not an address of this host",
+                errno.EACCES: "binding this port needs privileges (ports below 1024): pick a port above 1023",
+            }.get(exc.errno or 0, exc.strerror)
+            fail(f"--listen {listen}: {why}")
 
 
 def _under_torchrun(nproc: int | None) -> None:
@@ -208,24 +196,45 @@ def run(
     actors) and write a run directory."""
     cfg = _load(config, set_)
     if live and ray is not None:
-        raise typer.BadParameter("--live and --ray are two ways to launch the same run: pick one")
+        fail("--live and --ray are two ways to launch the same run: pick one", 2)
     if nproc is not None and (live or ray is not None):
-        raise typer.BadParameter("--nproc runs the simulated learner as N processes; with --ray use ray.learner.ranks")
+        fail("--nproc runs the simulated learner as N processes; with --ray use ray.learner.ranks", 2)
     _under_torchrun(nproc)
     from heterorl.api import Trainer
-    from heterorl.loop.run_dir import RunDirError, new_run_dir
+    from heterorl.loop.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "run")
     trainer = Trainer(cfg, run_dir=target, show_progress=not quiet, overwrite=overwrite)
-    with _live_errors():
-        try:
-            summary = trainer.fit(clock="live" if live or ray is not None else "simulated", ray=ray)
-        except RunDirError as exc:
-            typer.secho(str(exc), fg=typer.colors.RED, err=True)
-            raise typer.Exit(2) from None
+    if live or ray is not None:
+        with _live_errors():
+            summary = trainer.fit(clock="live", ray=ray)
+    else:
+        with _live_errors(), on_interrupt(lambda: interrupted_run(target, config, set_)):
+            summary = trainer.fit(clock="simulated")
     if summary is None:  # a follower rank of a multi-process learner: rank 0 prints the summary
         return
     _print_summary(summary, target)
+
+
+def recorded_steps(run_dir: Path) -> int:
+    """Learner steps recorded in a run directory's metrics.jsonl (a line cut short by an interruption is left
+    out)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return sum('"kind": "train"' in line and line.endswith("\n") for line in f)
+
+
+def interrupted_run(run_dir: Path, config: Path | None, sets: list[str] | None) -> str:
+    """What an interrupted simulated run kept, and the command that runs it again."""
+    steps = recorded_steps(run_dir)
+    if steps:
+        kept = f"{run_dir} keeps the resolved config and {steps} learner steps in metrics.jsonl"
+    else:
+        kept = f"{run_dir} keeps only the resolved config (no learner step finished)"
+    again = command_line("run", config, "--run-dir", run_dir, "--overwrite", sets=sets)
+    return f"{kept}; a simulated run does not resume (it is deterministic): run it again with {again}"
 
 
 @app.command(cls=Command)
@@ -244,9 +253,12 @@ def learner(
     """Run the learner service: samplers pull weights from it and push rollout groups (docs/deployment.md). Under
     torchrun (or with --nproc N) it is N processes: rank 0 serves, every rank trains (`parallel`)."""
     cfg = _load(config, set_)
+    from heterorl.loop.distributed import is_follower, run_as_rank
+
+    if not is_follower():  # rank 0 (or the one process) serves: its port must be free
+        _check_listen(listen)
     _under_torchrun(nproc)
     from heterorl.live.learner_node import serve_learner
-    from heterorl.loop.distributed import is_follower, run_as_rank
     from heterorl.loop.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "learner")
@@ -274,7 +286,7 @@ def sampler(
     cfg = _load(config, set_)
     from heterorl.live.sampler_node import run_sampler
 
-    with _live_errors():
+    with _live_errors(connect=connect or None):
         run_sampler(cfg, connect or None, index)
 
 
@@ -291,7 +303,9 @@ def pretrain(
     from heterorl.pretrain import ensure_base_model
     from heterorl.pretrain import pretrain as do_pretrain
 
-    result = do_pretrain(cfg, out, not quiet) if out else ensure_base_model(cfg, not quiet)
+    again = command_line("pretrain", config, *(("--out", out) if out else ()), sets=set_)
+    with on_interrupt(lambda: f"no checkpoint was written (it is saved only when complete): run {again} again"):
+        result = do_pretrain(cfg, out, not quiet) if out else ensure_base_model(cfg, not quiet)
     cached = " (cached)" if result.cached else ""
     typer.echo(f"base model{cached}: {result.path}  steps={result.steps}  val_accuracy={result.val_accuracy:.1%}")
 
@@ -332,11 +346,12 @@ def evaluate(
     """Held-out accuracy of a checkpoint on its run's task (greedy; pass@k and maj@k with eval.samples=k)."""
     checkpoint, config = eval_inputs(checkpoint, config)
     if not (checkpoint / "config.json").is_file():
-        raise typer.BadParameter(f"{checkpoint} is not a transformers checkpoint (no config.json)")
+        fail(f"{checkpoint} is not a transformers checkpoint (no config.json)", 2)
     if config is None:
-        raise typer.BadParameter(
+        fail(
             f"no --config given and no config.yaml beside {checkpoint} (a run directory holds one): "
-            "pass the config that names the task"
+            "pass the config that names the task",
+            2,
         )
     cfg = _load(config, set_)
     typer.echo(f"config: {config}" + (f" with {', '.join(set_)}" if set_ else ""))
@@ -348,7 +363,8 @@ def evaluate(
     policy = Policy.load(checkpoint, resolve_device(cfg.model.device), chat_template=cfg.task.chat_template)
     problems = task.eval_set()
     sampling = SamplingParams.from_config(cfg.sampler)
-    metrics = run_eval(policy, task, problems, cfg.eval, cfg.sampler.max_new_tokens, sampling, seed=cfg.seed)
+    with on_interrupt(lambda: "nothing was written (eval only prints): run the same command again"):
+        metrics = run_eval(policy, task, problems, cfg.eval, cfg.sampler.max_new_tokens, sampling, seed=cfg.seed)
     acc = metrics["eval/accuracy"]
     typer.echo(f"{checkpoint}: held-out greedy accuracy {acc:.1%} on {len(problems)} {cfg.task.name} prompts")
     for line in format_eval(metrics):
@@ -356,6 +372,7 @@ def evaluate(
 
 
 @app.command(cls=Command)
+@user_errors
 def sweep(
     sweep_file: Annotated[Path, typer.Argument(help="Sweep YAML: base, name, grid, zip, seeds, set, workers.")],
     workers: Annotated[int | None, typer.Option("--workers", "-j", help="Parallel runs (default: the file's).")] = None,
@@ -364,10 +381,17 @@ def sweep(
     """Run a grid of configs x seeds as run directories (resumable: finished runs are skipped; in parallel)."""
     from heterorl.sweep import sweep_command
 
-    raise typer.Exit(sweep_command(sweep_file, workers, quiet))
+    def kept() -> str:
+        again = command_line("sweep", sweep_file, *(("--workers", workers) if workers else ()))
+        return f"finished runs keep their directories (summary.json); run {again} again to run only the rest"
+
+    with on_interrupt(kept):
+        code = sweep_command(sweep_file, workers, quiet)
+    raise typer.Exit(code)
 
 
 @app.command(cls=Command)
+@user_errors
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories or a sweep's output directory.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where report.md and the PNGs go.")] = Path("report"),
@@ -382,7 +406,8 @@ def report(
     staleness histograms, weight traffic)."""
     from heterorl.report import report_command
 
-    report_command(run_dirs, out, baseline, group_by)
+    with on_interrupt(lambda: f"{out} may hold part of the report: run the same command again"):
+        report_command(run_dirs, out, baseline, group_by)
 
 
 sync_app = typer.Typer(
@@ -392,6 +417,7 @@ app.add_typer(sync_app, name="sync")
 
 
 @sync_app.command("bench", cls=Command)
+@user_errors
 def sync_bench(
     params: Annotated[float, typer.Option(help="Synthetic model size in parameters (e.g. 1e9).")] = 1e8,
     lr: Annotated[float, typer.Option(help="Learning rate of the step (synthetic: lr * sign(g)).")] = 1e-6,
@@ -415,25 +441,31 @@ def sync_bench(
     from heterorl.bench.steps import STEPS
 
     if (base is None) != (new is None):
-        raise typer.BadParameter("--base and --new go together")
+        fail("--base and --new go together", 2)
     if step not in STEPS:
-        raise typer.BadParameter(f"--step must be one of {STEPS}")
+        fail(f"--step must be one of {', '.join(STEPS)}", 2)
+    if not 1e3 <= params <= 1e11:
+        fail(f"--params {params:g}: give a model size between 1e3 and 1e11 parameters", 2)
     what = f"change rate {change_rate}" if change_rate and step == "synthetic" else f"lr {lr}"
     size = f"{params:.3g} parameters, " if step in ("synthetic", "noise") else ""
     typer.echo(f"{step} step: {size}" + ("the demo's own lr" if step == "demo" else what))
-    run_sync_bench(int(params), change_rate, lr, seed, level=level, workers=workers, step=step)
     pairs = []
     if run is not None:
+        if not (run / "summary.json").is_file():
+            fail(f"--run {run}: no summary.json there (not a finished run directory)", 2)
         summary = json.loads((run / "summary.json").read_text())
         pairs.append((Path(summary["base_model"]), run / "checkpoint"))
     if base is not None and new is not None:
         pairs.append((base, new))
-    for a, b in pairs:
-        typer.echo(f"\ncheckpoints: {a} -> {b}")
-        compare_checkpoints(a, b, level=level, workers=workers)
+    with on_interrupt(lambda: "nothing was written (the bench only prints): run it again, smaller with --params"):
+        run_sync_bench(int(params), change_rate, lr, seed, level=level, workers=workers, step=step)
+        for a, b in pairs:
+            typer.echo(f"\ncheckpoints: {a} -> {b}")
+            compare_checkpoints(a, b, level=level, workers=workers)
 
 
 @sync_app.command("inspect", cls=Command)
+@user_errors
 def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
     """Per-version sparsity and weight traffic of a run (from its metrics.jsonl; version 0, the initial
     snapshot, is left out)."""
@@ -442,10 +474,16 @@ def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory."
     from heterorl.console import out
     from heterorl.metrics import read_metrics
 
-    records = read_metrics(run_dir / "metrics.jsonl")
+    if not (run_dir / "metrics.jsonl").is_file():
+        what = "does not exist" if not run_dir.exists() else "has no metrics.jsonl (not a run directory)"
+        fail(f"{run_dir} {what}", 2)
+    try:
+        records = read_metrics(run_dir / "metrics.jsonl")
+    except (ValueError, UnicodeDecodeError) as exc:
+        fail(f"{run_dir / 'metrics.jsonl'} is not JSON lines ({exc})", 2)
     steps = [r for r in records if r.get("kind") == "train" and "sync/bytes" in r and r["sync/version"] > 0]
     if not steps:
-        raise typer.BadParameter(f"{run_dir} has no weight-sync records")
+        fail(f"{run_dir} has no weight-sync records", 2)
     table = Table(title=f"weight sync of {run_dir}")
     for col in ("version", "changed share", "bytes sent", "full bytes", "ratio"):
         table.add_column(col, justify="right")

@@ -26,7 +26,13 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 console = Console(stderr=True)  # progress, warnings, errors
 out = Console()  # results: summaries and tables
 
+ERROR_PREFIX = "heterorl: error: "  # every command's mistakes start so (heterorl.cli_errors)
 PROGRESS_INTERVAL_S = 15.0  # between plain progress lines: often enough to see life, rare enough for a log
+
+
+def print_error(message: str) -> None:
+    """One mistake on stderr, in red, with the prefix every command uses."""
+    console.print(ERROR_PREFIX + message, style="red", markup=False, highlight=False, soft_wrap=True)
 
 
 def format_fields(fields: dict[str, float | str]) -> str:

@@ -48,7 +48,6 @@ from heterorl.config.run import (
     config_to_yaml,
     load_config,
     parse_override,
-    read_yaml_mapping,
 )
 from heterorl.config.tasks import (
     MATH_PROMPT_TEMPLATE,
@@ -70,6 +69,7 @@ from heterorl.config.training import (
     SamplerConfig,
 )
 from heterorl.config.transport import StoreConfig, TransportConfig, check_store_url
+from heterorl.config.yaml_io import load_yaml_text, read_yaml_mapping
 
 __all__ = [
     "AGGREGATION_HELP",
@@ -134,6 +134,7 @@ __all__ = [
     "check_store_url",
     "config_to_yaml",
     "load_config",
+    "load_yaml_text",
     "parse_override",
     "read_yaml_mapping",
 ]

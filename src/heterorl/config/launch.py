@@ -47,9 +47,9 @@ class ActorResources(Strict):
 
     @model_validator(mode="after")
     def _positive_custom(self) -> ActorResources:
-        bad = {k: v for k, v in self.resources.items() if not v > 0 or not k}
+        bad = {k: v for k, v in self.resources.items() if not 0 < v <= 1e6 or not k}
         if bad:
-            raise ValueError(f"custom resources need a name and an amount > 0, got {bad}")
+            raise ValueError(f"custom resources need a name and an amount in (0, 1e6], got {bad}")
         return self
 
 
@@ -69,6 +69,7 @@ class RayConfig(Strict):
     learner: RayLearnerConfig = Field(default_factory=RayLearnerConfig, description="The learner's ranks.")
     samplers: list[ActorResources] = Field(
         default_factory=list,
+        max_length=10_000,
         description="Resources per sampler node: empty = defaults for all, one entry = for all, else one per "
         "entry of cluster.samplers.",
     )

@@ -6,18 +6,18 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from heterorl.config.base import Strict
+from heterorl.config.base import MAX_MBPS, MAX_SECONDS, Strict
 
 
 class FixedDelay(Strict):
     kind: Literal["fixed"] = "fixed"
-    seconds: float = Field(0.0, ge=0.0, description="Constant delay.")
+    seconds: float = Field(0.0, ge=0.0, le=MAX_SECONDS, description="Constant delay (s).")
 
 
 class UniformDelay(Strict):
     kind: Literal["uniform"] = "uniform"
-    low: float = Field(..., ge=0.0, description="Smallest delay (s).")
-    high: float = Field(..., ge=0.0, description="Largest delay (s).")
+    low: float = Field(..., ge=0.0, le=MAX_SECONDS, description="Smallest delay (s).")
+    high: float = Field(..., ge=0.0, le=MAX_SECONDS, description="Largest delay (s).")
 
     @model_validator(mode="after")
     def _order(self) -> UniformDelay:
@@ -28,17 +28,21 @@ class UniformDelay(Strict):
 
 class ExponentialDelay(Strict):
     kind: Literal["exponential"] = "exponential"
-    mean: float = Field(..., gt=0.0, description="Mean of the exponential part (s).")
-    offset: float = Field(0.0, ge=0.0, description="Added constant (s).")
+    mean: float = Field(..., gt=0.0, le=MAX_SECONDS, description="Mean of the exponential part (s).")
+    offset: float = Field(0.0, ge=0.0, le=MAX_SECONDS, description="Added constant (s).")
 
 
 class _BandDelay(Strict):
     """A distribution fitted so that [lower, upper] holds `conf` of its mass; samples are shifted and clipped."""
 
-    lower: float = Field(60.0, gt=0.0, description="Lower end of the confidence band and clip floor (s).")
-    upper: float = Field(1920.0, gt=0.0, description="Upper end of the confidence band and clip ceiling (s).")
+    lower: float = Field(
+        60.0, gt=0.0, le=MAX_SECONDS, description="Lower end of the confidence band and clip floor (s)."
+    )
+    upper: float = Field(
+        1920.0, gt=0.0, le=MAX_SECONDS, description="Upper end of the confidence band and clip ceiling (s)."
+    )
     conf: float = Field(0.995, gt=0.0, lt=1.0, description="Probability mass inside [lower, upper].")
-    offset: float = Field(0.0, ge=0.0, description="Subtracted from each sample before clipping (s).")
+    offset: float = Field(0.0, ge=0.0, le=MAX_SECONDS, description="Subtracted from each sample before clipping (s).")
 
     @model_validator(mode="after")
     def _order(self) -> _BandDelay:
@@ -66,7 +70,7 @@ class FaultConfig(Strict):
     drop: float = Field(0.0, ge=0.0, le=1.0, description="Message lost.")
     duplicate: float = Field(0.0, ge=0.0, le=1.0, description="Message delivered twice.")
     reorder: float = Field(0.0, ge=0.0, le=1.0, description="Message held back by `reorder_seconds`.")
-    reorder_seconds: float = Field(30.0, ge=0.0, description="Extra delay of a reordered message.")
+    reorder_seconds: float = Field(30.0, ge=0.0, le=MAX_SECONDS, description="Extra delay of a reordered message.")
     corrupt: float = Field(0.0, ge=0.0, le=1.0, description="One byte of the payload flipped.")
 
 
@@ -75,9 +79,14 @@ class LinkConfig(Strict):
 
     weights_delay: DelayConfig = Field(default_factory=FixedDelay, description="Learner -> sampler delay model.")
     rollout_delay: DelayConfig = Field(default_factory=FixedDelay, description="Sampler -> learner delay model.")
-    bandwidth_mbps: float | None = Field(None, gt=0.0, description="Megabits per second; None = unlimited.")
+    bandwidth_mbps: float | None = Field(
+        None, gt=0.0, le=MAX_MBPS, description="Megabits per second; None = unlimited."
+    )
     weights_faults: FaultConfig = Field(default_factory=FaultConfig, description="Faults on the weights path.")
     retry_seconds: float = Field(
-        30.0, gt=0.0, description="After a weight update is lost, the next one is asked for this long later (s)."
+        30.0,
+        gt=0.0,
+        le=MAX_SECONDS,
+        description="After a weight update is lost, the next one is asked for this long later (s).",
     )
     rollout_faults: FaultConfig = Field(default_factory=FaultConfig, description="Faults on the rollout path.")

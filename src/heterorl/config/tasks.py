@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from heterorl.config.base import Strict
+from heterorl.config.base import MAX_SEED, Strict
 
 REWARD_HELP = (
     "Custom reward 'module:function' replacing the task's verifier as training reward; called as "
@@ -87,7 +87,7 @@ class MathSourceConfig(_MathSource):
     name: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]+$", description="Name in per-source metrics; default: from the path."
     )
-    weight: float = Field(1.0, gt=0.0, description="Relative share of training draws from this source.")
+    weight: float = Field(1.0, gt=0.0, le=1e6, description="Relative share of training draws from this source.")
 
 
 class MathTaskConfig(_TaskBase, _MathSource):
@@ -101,7 +101,9 @@ class MathTaskConfig(_TaskBase, _MathSource):
         description="A .jsonl/.json/.parquet/.csv file, a `datasets` save_to_disk directory, or hf:<repo id>.",
     )
     sources: list[MathSourceConfig] = Field(
-        default_factory=list, description="A mixture of sources (instead of `path`), each with its own weight."
+        default_factory=list,
+        max_length=1000,
+        description="A mixture of sources (instead of `path`), each with its own weight.",
     )
     prompt_template: str = Field(
         MATH_PROMPT_TEMPLATE, description="Prompt text; `{problem}` is replaced, other braces are literal."
@@ -147,7 +149,7 @@ class GymTaskConfig(_TaskBase):
         default_factory=dict, description="Options of that dataset's config (e.g. min_terms, max_terms)."
     )
     size: int = Field(1000, ge=2, le=10_000_000, description="Entries generated (training + held-out).")
-    seed: int = Field(0, ge=0, description="Seed of the generated entries (fixed data, not the run seed).")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of the generated entries (fixed data, not the run seed).")
     eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of entries held out, by prompt hash.")
     prompt_template: str = Field("{question}", description="Prompt text; `{question}` is replaced by the question.")
     answer_tag: str | None = Field(

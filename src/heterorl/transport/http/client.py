@@ -111,9 +111,13 @@ class LearnerClient:
 
     async def status(self) -> dict[str, Any]:
         status, body = await self._request("GET", "/v1/status")
-        if status != 200:
-            raise ProtocolError(f"GET /v1/status answered {status}")
-        return json.loads(body)
+        try:
+            answer = json.loads(body) if status == 200 else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            answer = None
+        if not isinstance(answer, dict):  # another web server, or a wrong path on the learner's
+            raise ProtocolError(f"GET {self.url}/v1/status answered HTTP {status}, not a heterorl learner's status")
+        return answer
 
     async def pull(
         self, version: int | None, state_hash: str | None, wait_s: float, idle: float | None, failed: int = 0

@@ -1,0 +1,135 @@
+"""Ctrl-C (SIGINT to the process group, as a terminal sends it) and SIGTERM (to the command alone, as a scheduler
+sends it) end a simulated `heterorl run` and a parallel `heterorl sweep` with one line that says what was kept and
+how to continue, exit 130, and leave no process behind. Real processes and signals."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from heterorl.cli_errors import INTERRUPTED_PREFIX
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes")
+
+
+def start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "heterorl.cli", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: SIGINT to the group is a terminal's Ctrl-C
+    )
+
+
+def children(pid: int) -> list[int]:
+    """Every descendant of `pid` now (from /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                kids = [int(k) for k in (task / "children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            found += kids
+            todo += kids
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def train_lines(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return path.read_text().count('"kind": "train"') if path.is_file() else 0
+
+
+def tiny(model_dir: Path) -> str:
+    """A config on the tiny checkpoint (no warm start to build) that would train for a long time."""
+    return (
+        f"model: {{path: {model_dir}}}\ntask: {{name: addition, digits: 1, eval_size: 16}}\n"
+        "sampler: {group_size: 4, max_new_tokens: 3}\nlearner: {steps: 100000, groups_per_step: 4}\n"
+        "eval: {every: 1000}\nweights: {codec: full}\n"
+    )
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_run_says_what_it_kept_and_how_to_run_it_again(
+    how: str, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    config = tmp_path / "tiny.yaml"
+    config.write_text(tiny(tiny_model_dir))
+    proc = start(["run", str(config), "--run-dir", str(run_dir), "--set", "learner.steps=5000", "-q"], tmp_path)
+    try:
+        wait_for(lambda: train_lines(run_dir) >= 2 or proc.poll() is not None, 300, "two learner steps")
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith(INTERRUPTED_PREFIX), err
+    steps = train_lines(run_dir)
+    assert f"{run_dir} keeps the resolved config and {steps} learner steps in metrics.jsonl" in line
+    again = shlex.split(line.split("run it again with ", 1)[1])
+    assert again == [
+        *("heterorl", "run", str(config), "--run-dir", str(run_dir), "--overwrite"),
+        *("--set", "learner.steps=5000"),
+    ]
+
+
+def test_a_terminated_sweep_ends_its_runs_too(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """SIGTERM to the sweep alone: its worker processes (each training a run) end with it, not minutes later."""
+    (tmp_path / "tiny.yaml").write_text(tiny(tiny_model_dir))
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(
+        f"base: tiny.yaml\nname: t\nout: {tmp_path / 'out'}\ngrid:\n  learner.lr: [0.0003, 0.0001]\nworkers: 2\n"
+    )
+    proc = start(["sweep", str(sweep), "-q"], tmp_path)
+    try:
+        wait_for(
+            lambda: (
+                sum(train_lines(d) > 0 for d in (tmp_path / "out").glob("*") if d.is_dir()) == 2
+                or proc.poll() is not None
+            ),
+            300,
+            "both runs to train",
+        )
+        workers = children(proc.pid)
+        assert workers, "the sweep runs its points in worker processes"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith(INTERRUPTED_PREFIX + "finished runs keep their directories")
+    wait_for(lambda: not any(alive(pid) for pid in workers), 30, "the workers to end")
