@@ -359,7 +359,7 @@ def evaluate(
     from heterorl.policy import Policy, SamplingParams, resolve_device
     from heterorl.tasks import make_task
 
-    task = make_task(cfg.task)
+    task = make_task(cfg.task, rewards=False)  # held-out accuracy is the verifier's
     policy = Policy.load(checkpoint, resolve_device(cfg.model.device), chat_template=cfg.task.chat_template)
     problems = task.eval_set()
     sampling = SamplingParams.from_config(cfg.sampler)

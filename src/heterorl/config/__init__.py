@@ -48,6 +48,7 @@ from heterorl.config.run import (
     config_to_yaml,
     load_config,
     parse_override,
+    validate_config,
 )
 from heterorl.config.tasks import (
     MATH_PROMPT_TEMPLATE,
@@ -137,4 +138,5 @@ __all__ = [
     "load_yaml_text",
     "parse_override",
     "read_yaml_mapping",
+    "validate_config",
 ]

@@ -145,8 +145,11 @@ def _location(e: Any) -> str:
 
 
 def _format_error(err: ValidationError) -> str:
-    lines = [f"  {_location(e)}: {_message(e)}" for e in err.errors()]
-    return "invalid config:\n" + "\n".join(lines)
+    """`invalid config: loc: message` for one error (the usual case); one indented line per error for several."""
+    lines = [f"{_location(e)}: {_message(e).removeprefix('Value error, ')}" for e in err.errors()]
+    if len(lines) == 1:
+        return f"invalid config: {lines[0]}"
+    return "invalid config:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -189,7 +192,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data: dict[str, Any] = {}
     if path is not None:
         data = read_yaml_mapping(path)  # aliases expanded under a bound, each its own copy
-    data = apply_overrides(data, overrides or [])
+    return validate_config(apply_overrides(data, overrides or []))
+
+
+def validate_config(data: dict[str, Any]) -> RunConfig:
+    """A RunConfig from raw data (parsed YAML, a dict); errors name the field."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
