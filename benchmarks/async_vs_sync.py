@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from heterorl.config import load_config
-from heterorl.run import execute
+from heterorl.simulated.run import execute
 
 REPO = Path(__file__).resolve().parents[1]
 NETWORKS = {

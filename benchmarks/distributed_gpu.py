@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM, Qwen3Config
 from heterorl.config import load_config
 from heterorl.engines.transformers_engine import TransformersEngine
 from heterorl.learner import Learner
-from heterorl.loop import distributed
+from heterorl.parallel import distributed
 from heterorl.policy import Policy, SamplingParams, run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.tokenizer import build_char_tokenizer

@@ -35,11 +35,11 @@ from heterorl.config import ModelConfig, RunConfig, load_config
 from heterorl.eventlog import EventLog
 from heterorl.live.learner_node import LiveLearner, open_learner
 from heterorl.loop.intake import body_digest
-from heterorl.loop.run_dir import prepare_run_dir
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout_codec import encode_group
-from heterorl.run import build_simulated
+from heterorl.run.run_dir import prepare_run_dir
 from heterorl.sampler import Sampler
+from heterorl.simulated.run import build_simulated
 from heterorl.tasks import make_task
 from heterorl.transport.http.client import Backoff, LearnerClient
 from heterorl.transport.http.service import build_app

@@ -44,9 +44,9 @@ from heterorl.config import ModelConfig, load_config
 from heterorl.eventlog import EventLog
 from heterorl.framing import frame, unframe
 from heterorl.live.sampler_node import LiveSampler
-from heterorl.loop.build import build_sampler
 from heterorl.loop.sampler_loop import SamplerWorker
 from heterorl.policy import Policy
+from heterorl.run.build import build_sampler
 from heterorl.weights import WeightReceiver, WeightStore, state_hash
 from heterorl.weights.envelope import MAGIC, EnvelopeError, encode_update
 from heterorl.weights.format import MAGIC as BLOB_MAGIC

@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 from heterorl.config import ModelConfig, config_to_yaml, load_config
-from heterorl.loop.build import build_sampler
 from heterorl.loop.intake import body_digest
 from heterorl.policy import Policy
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import MAGIC, encode_group
+from heterorl.run.build import build_sampler
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 TOKEN = "hostile-benchmark-token-" + "h" * 16

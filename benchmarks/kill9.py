@@ -32,9 +32,9 @@ from collections import Counter
 from pathlib import Path
 
 from heterorl.config import ModelConfig, config_to_yaml, load_config
+from heterorl.durable.state import latest_state, read_records
 from heterorl.eventlog import read_events
 from heterorl.failpoints import ENV
-from heterorl.loop.state import latest_state, read_records
 from heterorl.metrics import read_metrics
 from heterorl.policy import Policy
 from heterorl.rollout_codec import GroupLimits, decode_group

@@ -23,10 +23,10 @@ from rich.console import Console
 from rich.table import Table
 
 from heterorl.config import load_config
-from heterorl.loop.build import build_learner, build_sampler, resolve_base_model
 from heterorl.objectives import group_advantages, make_objective
 from heterorl.objectives.aggregation import seq_mean
 from heterorl.rollout import pack_groups
+from heterorl.run.build import build_learner, build_sampler, resolve_base_model
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = [("bfloat16", "bfloat16"), ("bfloat16", "float32"), ("float32", "float32")]

@@ -116,13 +116,13 @@ def heterorl_trial(cfg: RunConfig, warmup: int) -> dict[str, Any]:
     """The simulated cluster of `cfg`, timed by phase: generate (sampling and scoring, in the sampler worker),
     train (`LearnerLoop.train`), sync (export + publish hand-off and waits, sends, settling, receiving, loading
     into the engine), eval (excluded), other (intake, records, the event loop)."""
-    from heterorl.loop.build import configure_torch, resolve_base_model
     from heterorl.loop.learner_loop import LearnerLoop
     from heterorl.loop.publisher import BackgroundPublisher
-    from heterorl.loop.recorder import RunRecorder
     from heterorl.loop.sampler_loop import SamplerWorker
-    from heterorl.run import build_simulated
+    from heterorl.run.build import configure_torch, resolve_base_model
+    from heterorl.run.recorder import RunRecorder
     from heterorl.simulated.cluster import SimulatedCluster
+    from heterorl.simulated.run import build_simulated
 
     timer = PhaseTimer()
     steps = StepLog(timer)
@@ -173,7 +173,7 @@ def trl_trial(cfg: RunConfig, warmup: int) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from heterorl.loop.build import configure_torch, resolve_base_model, sampler_seed
+    from heterorl.run.build import configure_torch, resolve_base_model, sampler_seed
     from heterorl.tasks import Problem, make_task
 
     configure_torch(cfg)

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from conftest import REPO, tiny_config
 from heterorl import Callback, Trainer
 from heterorl.cli import app
-from heterorl.loop.run_dir import RunDirError
 from heterorl.metrics import read_metrics
+from heterorl.run.run_dir import RunDirError
 
 
 class Recorder(Callback):

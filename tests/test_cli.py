@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import heterorl.run
+import heterorl.simulated.run
 from conftest import tiny_config
 from heterorl import __version__
 from heterorl.cli import app, weight_traffic_text
@@ -102,7 +102,7 @@ def test_a_bug_keeps_its_traceback(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     def broken(*args: object, **kwargs: object) -> dict:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(heterorl.run, "execute", broken)
+    monkeypatch.setattr(heterorl.simulated.run, "execute", broken)
     result = invoke_run(tmp_path, [])
     assert isinstance(result.exception, KeyError)  # not turned into a one-line message
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from heterorl.durable.state import latest_state
 from heterorl.eventlog import EventLog
 from heterorl.loop.learner_loop import TrainingDivergedError
-from heterorl.loop.state import latest_state
 from heterorl.metrics import read_metrics
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group

@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from conftest import DATA, capture_records, math_config
 from heterorl.errors import PathNotFoundError
-from heterorl.loop.build import build_sampler
-from heterorl.run import build_simulated, execute
+from heterorl.run.build import build_sampler
+from heterorl.simulated.run import build_simulated, execute
 from heterorl.weights import load_snapshot
 
 

@@ -11,7 +11,7 @@ from conftest import REPO, smoke_config
 from heterorl.cli import app
 from heterorl.config import load_config
 from heterorl.metrics import read_metrics
-from heterorl.run import execute
+from heterorl.simulated.run import execute
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 from heterorl.config import RunConfig, load_config
 from heterorl.inputs import check_importable_elsewhere, config_from, reward_specs, with_datasets
-from heterorl.loop.run_dir import new_run_dir
+from heterorl.run.run_dir import new_run_dir
 
 RewardFuncs = Callable[..., Any] | str | Sequence[Callable[..., Any] | str]
 
@@ -144,8 +144,8 @@ class Trainer:
         return None.
         """
         if clock == "simulated":
-            from heterorl.loop.distributed import run_as_rank
-            from heterorl.run import execute
+            from heterorl.parallel.distributed import run_as_rank
+            from heterorl.simulated.run import execute
 
             def simulated() -> dict[str, Any]:
                 return execute(self.cfg, self.run_dir, self.show_progress, overwrite=self.overwrite, observer=self)

@@ -115,9 +115,9 @@ def _live_errors(connect: str | None = None) -> Iterator[None]:
     from heterorl.launch.errors import LaunchError
     from heterorl.live.launcher import LiveRunError
     from heterorl.live.preflight import LiveSetupError
-    from heterorl.loop.distributed import DistributedSetupError
     from heterorl.loop.learner_loop import TrainingDivergedError
-    from heterorl.loop.run_dir import RunDirError
+    from heterorl.parallel.distributed import DistributedSetupError
+    from heterorl.run.run_dir import RunDirError
     from heterorl.transport.http.auth import TokenError
     from heterorl.transport.http.client import AuthError, LearnerUnreachableError, ProtocolError
     from heterorl.transport.store.objects import StoreSetupError
@@ -201,7 +201,7 @@ def run(
         fail("--nproc runs the simulated learner as N processes; with --ray use ray.learner.ranks", 2)
     _under_torchrun(nproc)
     from heterorl.api import Trainer
-    from heterorl.loop.run_dir import new_run_dir
+    from heterorl.run.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "run")
     trainer = Trainer(cfg, run_dir=target, show_progress=not quiet, overwrite=overwrite)
@@ -253,13 +253,13 @@ def learner(
     """Run the learner service: samplers pull weights from it and push rollout groups (docs/deployment.md). Under
     torchrun (or with --nproc N) it is N processes: rank 0 serves, every rank trains (`parallel`)."""
     cfg = _load(config, set_)
-    from heterorl.loop.distributed import is_follower, run_as_rank
+    from heterorl.parallel.distributed import is_follower, run_as_rank
 
     if not is_follower():  # rank 0 (or the one process) serves: its port must be free
         _check_listen(listen)
     _under_torchrun(nproc)
     from heterorl.live.learner_node import serve_learner
-    from heterorl.loop.run_dir import new_run_dir
+    from heterorl.run.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "learner")
     with _live_errors():

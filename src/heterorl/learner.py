@@ -7,7 +7,7 @@ holds a frozen reference (the starting weights; with LoRA the base model with it
 no-grad forward pass of it per micro-batch. Truncated completions are found here (the objectives never see token
 ids): DAPO's overlong penalty shapes their rewards before the advantages, `mask_truncated` drops them from the loss.
 
-With several processes (heterorl.sharding) every rank runs this same step on its own whole groups; `shard` says
+With several processes (heterorl.parallel.sharding) every rank runs this same step on its own whole groups; `shard` says
 which micro-batches are this process's and how gradients and statistics meet, `train_policy` is what the forward
 passes go through (the DDP wrapper or the FSDP2-sharded model), while `policy` stays the full model that rank 0
 publishes, evaluates and checkpoints.
@@ -27,9 +27,9 @@ from heterorl.microbatch import StatsAccumulator, loss_share
 from heterorl.objectives import group_advantages, objective_from_config
 from heterorl.objectives.overlong import overlong_penalty, truncated_completions
 from heterorl.packing import packed_token_logprobs
+from heterorl.parallel.sharding import Sharding
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import Batch, RolloutGroup, pack_groups
-from heterorl.sharding import Sharding
 
 WIRE_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -149,7 +149,7 @@ class Learner:
 
         The batch is split into `updates_per_batch` minibatches (one optimizer step each), each minibatch into
         micro-batches under `micro_batch_tokens` whose gradients accumulate exactly (heterorl.microbatch); with
-        several processes, into this process's micro-batches of the global minibatch (heterorl.sharding).
+        several processes, into this process's micro-batches of the global minibatch (heterorl.parallel.sharding).
         An optimizer step whose gradient norm is not finite is skipped (`opt/skipped_updates`), whatever caused
         it: one inf or NaN would otherwise spread to every weight and to every sampler. The norm is global, so
         every rank of a multi-process learner skips the same steps.
@@ -233,7 +233,8 @@ class Learner:
 
     def _stand_in(self, micro: Batch) -> None:
         """The forward passes of a micro-batch and a backward of exactly zero: keeps a rank with less work in step
-        with the others' collectives (heterorl.sharding). Non-finite log-probs are zeroed so 0 * inf cannot leak."""
+        with the others' collectives (heterorl.parallel.sharding). Non-finite log-probs are zeroed so 0 * inf
+        cannot leak."""
         if self.objective.needs_ref_logp:
             self._ref_logp(micro)
         logp = self._logp(micro)

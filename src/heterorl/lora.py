@@ -61,12 +61,6 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
     enable()
 
 
-def is_lora(model: torch.nn.Module) -> bool:
-    from peft import PeftModel
-
-    return isinstance(model, PeftModel)
-
-
 def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The trainable adapter tensors by their PEFT names (no copy)."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}

@@ -19,7 +19,7 @@ Every point (grid x zip rows x seeds) becomes `out/<run name>`; the name is buil
 values only, so it is stable across invocations and a rerun skips every run whose summary.json exists.
 All configs are validated before anything runs. `out/sweep.json` records the expanded grid and each run's status.
 
-This module does not import torch: the runner imports `heterorl.run` inside the worker process.
+This module does not import torch: the runner imports `heterorl.simulated.run` inside the worker process.
 """
 
 from __future__ import annotations
@@ -295,8 +295,8 @@ def _limit_threads(n: int) -> None:
 
 
 def execute_run(cfg: RunConfig, run_dir: Path) -> None:
-    """The default runner: `heterorl.run.execute`, imported here so that the sweep module stays torch-free."""
-    from heterorl.run import execute
+    """The default runner: `heterorl.simulated.run.execute`, imported here so that the sweep module stays torch-free."""
+    from heterorl.simulated.run import execute
 
     execute(cfg, run_dir, show_progress=False, overwrite=True)  # a point without summary.json starts over
 

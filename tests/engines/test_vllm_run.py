@@ -9,7 +9,7 @@ import pytest
 from conftest import capture_records
 from heterorl.config import load_config
 from heterorl.engines.vllm_engine import VLLMEngine
-from heterorl.run import build_simulated
+from heterorl.simulated.run import build_simulated
 
 from .conftest import REPO
 

@@ -70,7 +70,7 @@ def test_a_ray_run_learns_and_survives_a_killed_sampler(tmp_path: Path, local_ra
 def test_two_learner_ranks_as_ray_actors_train_the_single_process_run(tmp_path: Path, local_ray: Any) -> None:
     from safetensors.torch import load_file
 
-    from heterorl.run import execute
+    from heterorl.simulated.run import execute
 
     overrides = ("learner.steps=6", "eval.every=6", "learner.micro_batch_tokens=200", "live.fsync=false")
     ranks = ("ray.learner.ranks=2", "ray.learner.actor.num_cpus=0.5", "ray.learner.placement=PACK")

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-import heterorl.loop.state as state_module
+import heterorl.durable.state as state_module
+from heterorl.durable.journal import Journal, parse_records, read_segment, segment_indices
 from heterorl.eventlog import EventLog
-from heterorl.loop.journal import Journal, parse_records, read_segment, segment_indices
 from heterorl.metrics import read_metrics
 from heterorl.rollout_codec import encode_group
 from heterorl.transport.http.service import build_app

@@ -12,11 +12,11 @@ import pytest
 
 from conftest import tiny_config
 from heterorl.config import config_to_yaml
+from heterorl.durable.journal import Journal, read_segment, segment_indices
 from heterorl.eventlog import EventLog, read_events
 from heterorl.failpoints import ENV as FAILPOINT_ENV
 from heterorl.live.learner_node import _check_run_dir, open_learner, run_dir_lock
 from heterorl.live.preflight import LiveSetupError
-from heterorl.loop.journal import Journal, read_segment, segment_indices
 from heterorl.rollout_codec import GroupLimits, decode_group, encode_group
 from live.test_processes import Processes, acked, processes, state_group_ids, status, wait_until  # noqa: F401
 from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401

@@ -18,9 +18,9 @@ import pytest
 from conftest import math_config, smoke_config, tiny_config
 from heterorl.eventlog import read_events
 from heterorl.live.launcher import run_live
-from heterorl.loop.recorder import CLOCK_DEPENDENT
 from heterorl.metrics import read_metrics
-from heterorl.run import execute
+from heterorl.run.recorder import CLOCK_DEPENDENT
+from heterorl.simulated.run import execute
 
 
 def _clock_free(records: list[dict]) -> list[dict]:
@@ -88,9 +88,9 @@ def test_lora_bf16_chat_template_and_frictions_run_live_end_to_end(
 
 def test_a_sampler_without_the_learners_chat_template_is_refused(tmp_path: Path, qwen_dir: Path) -> None:
     """The drift the one-loop issue found (a sampler tokenizing prompts differently) is caught and counted."""
-    from heterorl.loop.build import build_sampler
     from heterorl.rollout_codec import encode_group
-    from heterorl.run import build_simulated
+    from heterorl.run.build import build_sampler
+    from heterorl.simulated.run import build_simulated
 
     learner_cfg = math_config(qwen_dir)
     cluster = build_simulated(learner_cfg, tmp_path, str(qwen_dir))

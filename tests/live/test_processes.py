@@ -18,8 +18,8 @@ import pytest
 
 from conftest import tiny_config
 from heterorl.config import config_to_yaml
+from heterorl.durable.state import latest_state, read_records
 from heterorl.eventlog import read_events
-from heterorl.loop.state import latest_state, read_records
 from heterorl.metrics import read_metrics
 from heterorl.rollout_codec import GroupLimits, decode_group
 

@@ -16,9 +16,9 @@ import pytest
 
 from conftest import REPO, tiny_config
 from heterorl.config import config_to_yaml
+from heterorl.durable.state import latest_state
 from heterorl.eventlog import read_events
 from heterorl.launch.torchrun import free_port
-from heterorl.loop.state import latest_state
 from heterorl.metrics import read_metrics
 
 TOKEN = "ranks-resume-token-" + "q" * 20

@@ -17,8 +17,8 @@ from conftest import tiny_config
 from heterorl.eventlog import EventLog
 from heterorl.framing import frame
 from heterorl.live.sampler_node import LiveSampler
-from heterorl.loop.build import build_sampler
 from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.run.build import build_sampler
 from heterorl.weights import Update, WeightStore
 from heterorl.weights.envelope import MAGIC, encode_update
 from heterorl.weights.format import MAGIC as BLOB_MAGIC

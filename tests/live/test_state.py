@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from heterorl.durable.journal import Journal, read_segment, segment_indices
+from heterorl.durable.state import latest_state, restore_learner_state, save_learner_state
 from heterorl.eventlog import EventLog
 from heterorl.live.learner_node import LiveLearner, open_learner
 from heterorl.live.preflight import LiveSetupError
-from heterorl.loop.build import build_learner
-from heterorl.loop.journal import Journal, read_segment, segment_indices
-from heterorl.loop.state import latest_state, restore_learner_state, save_learner_state
 from heterorl.rollout import pack_groups
 from heterorl.rollout_codec import encode_group
+from heterorl.run.build import build_learner
 from heterorl.weights import state_hash
 from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
 

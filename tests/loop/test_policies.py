@@ -13,7 +13,7 @@ import torch
 from conftest import capture_records, tiny_config
 from heterorl.loop.staleness import RolloutBuffer
 from heterorl.rollout import RolloutGroup
-from heterorl.run import build_simulated, execute
+from heterorl.simulated.run import build_simulated, execute
 
 
 def _group(version: int, gid: int) -> RolloutGroup:

@@ -11,8 +11,8 @@ from conftest import capture_records, tiny_config
 from heterorl.loop.staleness import RolloutBuffer
 from heterorl.metrics import read_metrics
 from heterorl.rollout import RolloutGroup
-from heterorl.run import build_simulated, execute
 from heterorl.simulated.cluster import SimulatedCluster
+from heterorl.simulated.run import build_simulated, execute
 from heterorl.weights import state_hash
 
 
@@ -367,7 +367,7 @@ def test_shared_weights_give_the_run_that_decoding_every_update_gives(tmp_path: 
 
 def test_a_receiver_that_adopted_shared_tensors_copies_them_before_applying_bytes() -> None:
     """Copy on write: bytes applied after an adoption never write into the learner's published tensors."""
-    from heterorl.loop.shared_weights import SharedReceiver, SharedUpdate
+    from heterorl.simulated.shared_weights import SharedReceiver, SharedUpdate
     from heterorl.weights import WeightStore
     from heterorl.weights.codecs import make_codec
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
-from heterorl.simulated.events import Clock, EventLoop, VirtualClock, WallClock
+from heterorl.simulated.events import EventLoop
 
 
 def test_events_run_in_time_order_and_advance_now():
@@ -136,22 +134,6 @@ def test_same_schedule_gives_identical_trace():
     assert len(first) == 4 * (1 + 2 + 4 + 8)
     times = [t for t, _, _ in first]
     assert times == sorted(times)
-
-
-def test_clocks():
-    loop = EventLoop(start=10.0)
-    clock = loop.clock
-    assert isinstance(clock, VirtualClock)
-    assert isinstance(clock, Clock)
-    loop.schedule_in(2.0, lambda: None)
-    loop.run()
-    assert clock.now() == 12.0
-    wall = WallClock()
-    assert isinstance(wall, Clock)
-    t0 = wall.now()
-    time.sleep(0.001)
-    t1 = wall.now()
-    assert 0.0 <= t0 < t1 < 5.0
 
 
 def test_a_deferred_event_runs_as_if_scheduled_at_its_resolved_time_with_its_sequence():

@@ -5,7 +5,7 @@ the store once, and a run through the store is as deterministic as any simulated
 from pathlib import Path
 
 from conftest import capture_records, tiny_config
-from heterorl.run import build_simulated
+from heterorl.simulated.run import build_simulated
 
 
 def run(tmp: Path, model_dir: Path, n: int, weights: str, *extra: str) -> tuple[dict, list[dict]]:

@@ -21,11 +21,11 @@ from conftest import tiny_config
 from heterorl.eventlog import EventLog
 from heterorl.live.learner_node import LiveLearner, open_learner
 from heterorl.loop.intake import REJECTION_STATUS, body_digest
-from heterorl.loop.run_dir import prepare_run_dir
 from heterorl.metrics import read_metrics
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
+from heterorl.run.run_dir import prepare_run_dir
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
 from heterorl.transport.http.service import build_app

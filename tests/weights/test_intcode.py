@@ -90,21 +90,3 @@ def test_decode_rejects_inconsistent_streams():
         decode_uints(padded, 3, spec, np.uint32)
     with pytest.raises(PatchError, match="overflows"):  # uint8 with k = 6 leaves 2 bits for the high part
         decode_uints(np.array([0b11 << 6, 0xFF], np.uint8), 1, StreamSpec(6, 1, 1), np.uint8)
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    st.lists(
-        st.tuples(st.integers(0, 40_000), st.sampled_from([1.0, 3.0, 30.0, 3_000.0, 3e6]), st.integers(0, 2**31)),
-        min_size=1,
-        max_size=12,
-    )
-)
-def test_split_points_chosen_together_equal_those_chosen_one_by_one(specs) -> None:
-    """`splitpoint.choose_ks` prices every stream at once; the patch bytes depend on it equalling `choose_k`."""
-    from heterorl.weights.splitpoint import choose_ks
-
-    streams = [
-        np.random.default_rng(seed).geometric(1.0 / scale, size=n).astype(np.uint64) - 1 for n, scale, seed in specs
-    ]
-    assert choose_ks(streams) == [choose_k(s) for s in streams]

@@ -210,7 +210,7 @@ def qwen3_versions(
 def demo_versions(steps: int = 6, *, seed: int = 0, refresh: bool = False) -> Versions:
     """bf16 views of the demo's learner (configs/demo.yaml: GEPO, lr 1e-4) before and after `steps` RL steps."""
     from heterorl.config import load_config
-    from heterorl.loop.build import build_learner, build_sampler, resolve_base_model
+    from heterorl.run.build import build_learner, build_sampler, resolve_base_model
 
     config_path = Path(__file__).resolve().parents[3] / "configs" / "demo.yaml"  # src/heterorl/bench -> repo
     cfg = load_config(config_path if config_path.is_file() else None, [f"seed={seed}"])

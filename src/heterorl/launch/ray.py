@@ -29,8 +29,8 @@ from heterorl.console import Bar, progress_bar
 from heterorl.launch.errors import LaunchError
 from heterorl.launch.torchrun import free_port
 from heterorl.live.preflight import check_live_config
-from heterorl.loop.build import node_name
-from heterorl.loop.recorder import Observer
+from heterorl.run.build import node_name
+from heterorl.run.recorder import Observer
 from heterorl.transport.http.auth import configured_token, new_token
 
 POLL_S = 0.5
@@ -121,7 +121,7 @@ class LearnerRank:
     ) -> dict[str, Any] | None:
         """Rank `rank` of the learner (`env`: torchrun's variables; none for a learner of one process)."""
         from heterorl.live.learner_node import serve_learner
-        from heterorl.loop.distributed import run_as_rank
+        from heterorl.parallel.distributed import run_as_rank
 
         os.environ.update(env)
         cfg = RunConfig.model_validate(cfg_data)

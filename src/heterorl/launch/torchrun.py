@@ -1,7 +1,7 @@
 """`--nproc N`: the same `heterorl` command again, as N processes under torchrun on this host (loopback only).
 
 torchrun (`torch.distributed.run`, part of torch) sets RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT
-for each process; `heterorl.loop.distributed.start` reads them. For several hosts, run torchrun yourself
+for each process; `heterorl.parallel.distributed.start` reads them. For several hosts, run torchrun yourself
 (docs/deployment.md).
 """
 

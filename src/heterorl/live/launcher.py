@@ -21,9 +21,9 @@ from typing import IO, Any
 from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.live.preflight import check_live_config
-from heterorl.loop.build import checked_model_path, resolve_base_model
-from heterorl.loop.recorder import Observer
-from heterorl.loop.run_dir import prepare_run_dir
+from heterorl.run.build import checked_model_path, resolve_base_model
+from heterorl.run.recorder import Observer
+from heterorl.run.run_dir import prepare_run_dir
 from heterorl.transport.http.auth import configured_token, new_token
 
 POLL_S = 0.2

@@ -32,10 +32,20 @@ import yaml
 from heterorl import failpoints
 from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
+from heterorl.durable.journal import Journal, read_segment, segment_indices
+from heterorl.durable.state import (
+    latest_state,
+    read_version_mark,
+    remove_stale_temporaries,
+    restore_learner_state,
+    write_version_mark,
+)
 from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
 from heterorl.live.transports import check_transport_config, open_learner_store
-from heterorl.loop.build import (
+from heterorl.loop.learner_loop import LearnerLoop, TrainingDivergedError, published_stats
+from heterorl.parallel.distributed import attach
+from heterorl.run.build import (
     build_learner,
     build_task,
     check_sinks,
@@ -43,18 +53,8 @@ from heterorl.loop.build import (
     configure_torch,
     resolve_base_model,
 )
-from heterorl.loop.distributed import attach
-from heterorl.loop.journal import Journal, read_segment, segment_indices
-from heterorl.loop.learner_loop import LearnerLoop, TrainingDivergedError, published_stats
-from heterorl.loop.recorder import RunRecorder
-from heterorl.loop.run_dir import RunDirError, holds_run, new_run_dir, prepare_run_dir
-from heterorl.loop.state import (
-    latest_state,
-    read_version_mark,
-    remove_stale_temporaries,
-    restore_learner_state,
-    write_version_mark,
-)
+from heterorl.run.recorder import RunRecorder
+from heterorl.run.run_dir import RunDirError, holds_run, new_run_dir, prepare_run_dir
 from heterorl.transport.http.auth import configured_token, new_token
 from heterorl.transport.http.service import serve_app
 
@@ -284,7 +284,7 @@ def open_learner(
         _truncate(run_dir / "metrics.jsonl", int(saved.extra["metrics_bytes"]))
     else:
         learner = build_learner(cfg, base)
-    attach(learner)  # with several ranks: rank 0 shares it (heterorl.loop.distributed); else nothing
+    attach(learner)  # with several ranks: rank 0 shares it (heterorl.parallel.distributed); else nothing
     bar = bar or Bar(None, None)
     if saved is not None:
         bar.advance(saved.version)

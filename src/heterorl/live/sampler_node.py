@@ -32,12 +32,12 @@ from heterorl.config import RunConfig
 from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError, check_live_config, check_node_index, check_url
 from heterorl.live.transports import check_transport_config, sampler_needs_http, sampler_transport, store_counts
-from heterorl.loop.build import build_sampler, configure_torch, sampler_seed
 from heterorl.loop.intake import ACKED, body_digest
 from heterorl.loop.sampler_loop import SamplerWorker
 from heterorl.policy import run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
+from heterorl.run.build import build_sampler, configure_torch, sampler_seed
 from heterorl.transport.base import SamplerTransport
 from heterorl.transport.emulation import LinkEmulator
 from heterorl.transport.http.auth import configured_token

@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 import xxhash
 
 from heterorl import failpoints
+from heterorl.durable.journal import Journal
 from heterorl.frictions import KINDS as FRICTION_KINDS
-from heterorl.loop.journal import Journal
 from heterorl.loop.staleness import RolloutBuffer
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits, RolloutError, decode_group

@@ -31,20 +31,20 @@ import torch
 
 from heterorl import failpoints
 from heterorl.config import RunConfig
+from heterorl.durable.journal import Journal
+from heterorl.durable.state import SavedState, save_learner_state
 from heterorl.frictions import KINDS as FRICTION_KINDS
 from heterorl.frictions import frictions_active
 from heterorl.learner import Learner
-from heterorl.loop.build import node_name
-from heterorl.loop.checkpoints import CheckpointPolicy
 from heterorl.loop.intake import ACKED, RETRIED, Intake, IntakeCounters, Verdict
-from heterorl.loop.journal import Journal
 from heterorl.loop.peers import Peers
 from heterorl.loop.publisher import BackgroundPublisher, WeightTraffic
-from heterorl.loop.recorder import RunRecorder
 from heterorl.loop.staleness import Admission, RolloutBuffer, staleness_window
-from heterorl.loop.state import SavedState, save_learner_state
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits
+from heterorl.run.build import node_name
+from heterorl.run.checkpoints import CheckpointPolicy
+from heterorl.run.recorder import RunRecorder
 from heterorl.sampler import VERDICT_INFO
 from heterorl.weights import Published
 

@@ -19,30 +19,37 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Generator
+from typing import Protocol
 
 from heterorl.config import RunConfig
 from heterorl.engines.base import EngineError
 from heterorl.loop.intake import ACKED
-from heterorl.loop.shared_weights import SharedReceiver, SharedUpdate
 from heterorl.rollout import RolloutGroup
 from heterorl.sampler import Sampler
-from heterorl.weights import Update
+from heterorl.weights import Update, WeightReceiver
 
 # What parsing hostile bytes can raise (PatchError and EnvelopeError are ValueErrors); a bug raises anything else
 HOSTILE_INPUT_ERRORS = (ValueError, RecursionError, OverflowError)
 
 
+class InProcessUpdate(Protocol):
+    """A version handed over by reference in one process (the simulator's `SharedUpdate`): the receiver the driver
+    gave the worker knows how to `adopt` it."""
+
+    version: int
+
+
 class SamplerWorker:
     """One sampler: its receiver, its engine's weights, what to generate next; see the module docstring."""
 
-    def __init__(self, cfg: RunConfig, index: int, sampler: Sampler) -> None:
+    def __init__(self, cfg: RunConfig, index: int, sampler: Sampler, receiver: WeightReceiver | None = None) -> None:
         if cfg.sampler.interruptible and not sampler.engine.interruptible:
             raise EngineError(
                 f"sampler.interruptible needs an engine that takes weights mid-generation; "
                 f"{sampler.engine.name!r} does not (set sampler.interruptible: false)"
             )
         self.index, self.sampler, self.name = index, sampler, sampler.sampler_id
-        self.receiver = SharedReceiver()
+        self.receiver = receiver if receiver is not None else WeightReceiver()
         self.lock = threading.Lock()  # the receiver's weights and the engine's weights
         n, B = len(cfg.cluster.samplers), cfg.learner.groups_per_step
         self.chunk = math.ceil(B / n)
@@ -64,7 +71,7 @@ class SamplerWorker:
         with self.lock:
             return self.receiver.held()
 
-    def receive(self, update: Update | SharedUpdate) -> bool:
+    def receive(self, update: Update | InProcessUpdate) -> bool:
         """Apply one update; True when the receiver now holds a newer verified version. A duplicate of what it
         holds is ignored; a refused update (corrupt, wrong base) is counted and leaves the weights as they were,
         and the next update asked for is a snapshot. A `SharedUpdate` (the learner's own tensors, in-process) is
@@ -74,12 +81,12 @@ class SamplerWorker:
         here too (never an exception that stops the sampler); the engine keeps the weights it generates with,
         and the next update is a snapshot, which rewrites every weight."""
         with self.lock:
-            if isinstance(update, SharedUpdate):
+            if not isinstance(update, Update):  # in-process: the driver's receiver adopts it by reference
                 held = self.receiver.version
                 if not self.receiver.needs_snapshot and held is not None and update.version <= held:
                     self.ignored += 1
                     return False
-                self.receiver.adopt(update)
+                self.receiver.adopt(update)  # type: ignore[attr-defined]
                 ok = True
             else:
                 if (update.version, update.state_hash) == self.receiver.held():

@@ -9,7 +9,7 @@ Generation, training and weight encoding run for real (`heterorl.loop`); only ti
 Weights are pushed: a published version goes to every sampler at once, as the store's smallest update from what
 the sampler was last sent (a patch chain over a FIFO path, snapshots as the store decides), each copy through the
 learner's uplink (`cluster.learner_uplink_mbps`) first. On a fault-free link (`cluster.share_weights`) the sampler
-takes the learner's published tensors themselves (`heterorl.loop.shared_weights`: the same bits, no decode), and
+takes the learner's published tensors themselves (`heterorl.simulated.shared_weights`: the same bits, no decode), and
 the update's size -- which sets its arrival on a finite bandwidth and the traffic figures -- is settled when the
 background publish is done: the arrival is a deferred event no earlier than send time + delay, so the encode
 overlaps the next learner step instead of stalling the simulation; every pending send is settled, in sending
@@ -32,12 +32,12 @@ from heterorl.config import RunConfig
 from heterorl.loop.intake import ACKED, Verdict, body_digest
 from heterorl.loop.learner_loop import LearnerLoop, StepResult
 from heterorl.loop.sampler_loop import SamplerWorker
-from heterorl.loop.shared_weights import SharedUpdate
 from heterorl.network import Link
 from heterorl.policy import run_process
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
 from heterorl.simulated.events import EventLoop
+from heterorl.simulated.shared_weights import SharedUpdate
 from heterorl.simulated.store import SimStore
 from heterorl.transport.simulated import SimPath, SimUplink
 from heterorl.transport.store.manifest import Manifest

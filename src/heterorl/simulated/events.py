@@ -1,4 +1,4 @@
-"""A deterministic discrete-event scheduler with a virtual clock, and the `Clock` components read time from.
+"""A deterministic discrete-event scheduler with a virtual clock, in which the simulated cluster runs.
 
 The simulated cluster runs the real computations (generation, training, encoding) but models time: each
 component schedules "this finishes at t" as an event, and the loop jumps from event to event. Nothing here knows
@@ -18,17 +18,9 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
-
-
-@runtime_checkable
-class Clock(Protocol):
-    """Where components read the time (seconds, float); they never ask which kind of clock it is."""
-
-    def now(self) -> float: ...
+from typing import Any
 
 
 @dataclass(order=True)
@@ -71,11 +63,6 @@ class EventLoop:
     def now(self) -> float:
         """Current virtual time (seconds)."""
         return self._now
-
-    @property
-    def clock(self) -> VirtualClock:
-        """A `Clock` view of this loop."""
-        return VirtualClock(self)
 
     def schedule(self, at: float, callback: Callable[..., Any], *args: Any, label: str = "") -> EventHandle:
         """Queue `callback(*args)` to run at virtual time `at` (>= now)."""
@@ -187,24 +174,3 @@ class EventLoop:
 def _check_time(t: float, what: str) -> None:
     if not math.isfinite(t):
         raise ValueError(f"{what} must be finite, got {t}")
-
-
-class VirtualClock:
-    """`Clock` backed by an `EventLoop`: reads the loop's virtual time."""
-
-    def __init__(self, loop: EventLoop) -> None:
-        self.loop = loop
-
-    def now(self) -> float:
-        return self.loop.now
-
-
-class WallClock:
-    """`Clock` on real time: seconds of `time.monotonic()` since the clock was created (so it starts near 0,
-    like a fresh `EventLoop`). Monotonic, so wall-clock adjustments never make time go backwards."""
-
-    def __init__(self) -> None:
-        self._origin = time.monotonic()
-
-    def now(self) -> float:
-        return time.monotonic() - self._origin

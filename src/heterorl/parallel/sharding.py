@@ -1,7 +1,7 @@
 """Which micro-batches of a learner step this process computes, and how its gradients meet the other processes'.
 
 One process (`Sharding`) computes every micro-batch of a minibatch: today's dynamic batching
-(heterorl.microbatch). With N processes (`heterorl.loop.ranks.RankSharding` implements the hooks with
+(heterorl.microbatch). With N processes (`heterorl.parallel.ranks.RankSharding` implements the hooks with
 torch.distributed), every rank packs the WHOLE batch, so rewards, advantages (per group), the loss mask and the
 minibatch normalisers are the global ones; `plan_micro_batches` then gives each rank whole groups of every
 minibatch (largest first to the least-loaded rank, by tokens) and cuts each rank's share into micro-batches by the

@@ -35,8 +35,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from heterorl import failpoints
+from heterorl.durable.journal import frame, fsync_path, parse_records
 from heterorl.learner import Learner
-from heterorl.loop.journal import frame, fsync_path, parse_records
 
 STATE_FORMAT = 2  # 2: trainable.safetensors (1 held a merged transformers checkpoint, wrong with LoRA)
 

@@ -13,7 +13,10 @@ from typing import Any
 
 from heterorl.config import RunConfig
 from heterorl.console import Bar, console, progress_bar
-from heterorl.loop.build import (
+from heterorl.loop.learner_loop import LearnerLoop
+from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.parallel.distributed import attach
+from heterorl.run.build import (
     build_learner,
     build_sampler,
     build_task,
@@ -21,21 +24,22 @@ from heterorl.loop.build import (
     configure_torch,
     resolve_base_model,
 )
-from heterorl.loop.distributed import attach
-from heterorl.loop.learner_loop import LearnerLoop
-from heterorl.loop.recorder import Observer, RunRecorder
-from heterorl.loop.run_dir import prepare_run_dir
-from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.run.recorder import Observer, RunRecorder
+from heterorl.run.run_dir import prepare_run_dir
 from heterorl.simulated.cluster import SimulatedCluster
 from heterorl.simulated.events import EventLoop
+from heterorl.simulated.shared_weights import SharedReceiver
 
 
 def build_simulated(cfg: RunConfig, run_dir: Path, base: str, bar: Bar | None = None) -> SimulatedCluster:
     """The learner loop and every sampler worker of `cfg` on a fresh virtual clock, recording into `run_dir`."""
     task = build_task(cfg)
     learner = build_learner(cfg, base)
-    attach(learner)  # with several ranks: rank 0 shares it (heterorl.loop.distributed); else nothing
-    workers = [SamplerWorker(cfg, i, build_sampler(cfg, i, base, task)) for i in range(len(cfg.cluster.samplers))]
+    attach(learner)  # with several ranks: rank 0 shares it (heterorl.parallel.distributed); else nothing
+    workers = [
+        SamplerWorker(cfg, i, build_sampler(cfg, i, base, task), SharedReceiver())
+        for i in range(len(cfg.cluster.samplers))
+    ]
     events = EventLoop()
     recorder = RunRecorder(cfg, run_dir, learner, task, bar or Bar(None, None))
     loop = LearnerLoop(cfg, learner, recorder, clock=lambda: events.now)

@@ -25,9 +25,9 @@ import torch
 
 from heterorl.config import RunConfig
 from heterorl.learner import Learner
-from heterorl.loop.build import configure_torch
-from heterorl.loop.collectives import Channel, Op, decode_groups, from_json_bytes, to_json_bytes
+from heterorl.parallel.collectives import Channel, Op, decode_groups, from_json_bytes, to_json_bytes
 from heterorl.policy import Policy, resolve_device
+from heterorl.run.build import configure_torch
 
 T = TypeVar("T")
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
@@ -110,7 +110,7 @@ def attach(learner: Learner) -> None:
     ranks = _CURRENT
     if ranks is None:
         return
-    from heterorl.loop.ranks import attach_learner, learner_meta
+    from heterorl.parallel.ranks import attach_learner, learner_meta
 
     meta = learner_meta(learner)
     ranks.channel.send(Op.ATTACH, to_json_bytes(meta))
@@ -132,7 +132,7 @@ def follow(ranks: Ranks) -> Learner:
     """A follower's whole life: build, attach, then train on rank 0's commands until STOP; returns its learner.
 
     SIGTERM and SIGINT are ignored: rank 0 decides when the run ends (its final checkpoint may need this rank)."""
-    from heterorl.loop.ranks import attach_learner
+    from heterorl.parallel.ranks import attach_learner
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)

@@ -17,12 +17,12 @@ from conftest import REPO
 from heterorl.config import ModelConfig, config_to_yaml, load_config
 from heterorl.launch.torchrun import free_port, strip_nproc
 from heterorl.learner import Learner
-from heterorl.loop import distributed
-from heterorl.loop.collectives import decode_groups, encode_groups
+from heterorl.parallel import distributed
+from heterorl.parallel.collectives import decode_groups, encode_groups
+from heterorl.parallel.sharding import Sharding, plan_micro_batches
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import pack_groups
 from heterorl.sampler import Sampler
-from heterorl.sharding import Sharding, plan_micro_batches
 from heterorl.tasks import make_task
 
 WORKER = Path(__file__).with_name("dist_worker.py")
@@ -136,7 +136,7 @@ def test_two_gloo_ranks_train_the_single_process_parameters(step_data: Path, tmp
 @pytest.mark.distributed
 def test_a_simulated_run_under_torchrun_is_the_single_process_run(tiny_model_dir: Path, tmp_path: Path) -> None:
     from conftest import tiny_config
-    from heterorl.run import execute
+    from heterorl.simulated.run import execute
 
     cfg = tiny_config(tiny_model_dir, "learner.steps=3", "learner.micro_batch_tokens=40", "eval.every=3")
     config = tmp_path / "config.yaml"

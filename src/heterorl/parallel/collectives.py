@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from heterorl.loop.journal import frame, parse_records
+from heterorl.durable.journal import frame, parse_records
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits, decode_group, encode_group
 

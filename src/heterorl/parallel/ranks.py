@@ -8,8 +8,8 @@
 - fsdp2: every decoder layer and then the root are `fully_shard`ed (parameters, gradients and AdamW moments are
   1/N per rank; rank 0's moments are scattered into shards); rank 0 keeps an unsharded fp32 copy, refreshed after
   every step from the shards, which is what it publishes, evaluates and checkpoints, on the device it trains on.
-`RankSharding` supplies the hooks of `heterorl.sharding.Sharding` (which micro-batches are this rank's, gradient
-synchronisation only in the last one, statistics summed over ranks).
+`RankSharding` supplies the hooks of `heterorl.parallel.sharding.Sharding` (which micro-batches are this rank's,
+gradient synchronisation only in the last one, statistics summed over ranks).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from heterorl.learner import Learner
-from heterorl.loop.collectives import Channel, Op, all_gather_bytes, encode_groups, from_json_bytes, to_json_bytes
 from heterorl.microbatch import StatsAccumulator
+from heterorl.parallel.collectives import Channel, Op, all_gather_bytes, encode_groups, from_json_bytes, to_json_bytes
+from heterorl.parallel.sharding import Micro, Sharding, plan_micro_batches, split_groups
 from heterorl.policy import Policy
 from heterorl.rollout import Batch, RolloutGroup
-from heterorl.sharding import Micro, Sharding, plan_micro_batches, split_groups
 
 
 class RankSharding(Sharding):

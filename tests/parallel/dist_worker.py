@@ -1,6 +1,6 @@
-"""One rank of the equality test (tests/loop/test_distributed.py), started by torchrun.
+"""One rank of the equality test (tests/parallel/test_distributed.py), started by torchrun.
 
-Rank 0 builds the learner as a driver does and attaches it; every other rank follows (heterorl.loop.distributed).
+Rank 0 builds the learner as a driver does and attaches it; every other rank follows (heterorl.parallel.distributed).
 Rank 0 trains on the groups in GROUPS (journal-framed `encode_group` messages, `per_step` a step) and writes the
 parameters, the optimizer state and the statistics of every step to OUT; every rank writes how many parameter
 elements it holds locally (`run_as_rank` is these same calls, less the report).
@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 
 from heterorl.config import load_config
 from heterorl.learner import Learner
-from heterorl.loop import distributed
-from heterorl.loop.collectives import decode_groups
+from heterorl.parallel import distributed
+from heterorl.parallel.collectives import decode_groups
 from heterorl.policy import Policy
 
 
