@@ -1,9 +1,11 @@
 """Ctrl-C (SIGINT to the process group, as a terminal sends it) and SIGTERM (to the command alone, as a scheduler
 sends it) end a simulated `heterorl run` and a parallel `heterorl sweep` with one line that says what was kept and
-how to continue, exit 130, and leave no process behind. Real processes and signals."""
+how to continue, exit 130, and leave no process behind; a run's first signal lets it finish the step it is on
+(evaluated and saved), a second stops it at once. Real processes and signals."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from heterorl.cli_errors import INTERRUPTED_PREFIX
+from heterorl.cli_errors import INTERRUPTED_PREFIX, SOFT_STOP_LINE
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes")
 
@@ -74,36 +76,73 @@ def tiny(model_dir: Path) -> str:
     )
 
 
+def interrupt(proc: subprocess.Popen[str], how: str) -> None:
+    if how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
-def test_an_interrupted_run_says_what_it_kept_and_how_to_run_it_again(
+def test_an_interrupted_run_finishes_its_step_and_says_how_to_run_it_again(
     how: str, tmp_path: Path, tiny_model_dir: Path
 ) -> None:
+    """The first signal: the run finishes the step it is on, evaluated, with its checkpoint and summary."""
     run_dir = tmp_path / "run"
     config = tmp_path / "tiny.yaml"
     config.write_text(tiny(tiny_model_dir))
     proc = start(["run", str(config), "--run-dir", str(run_dir), "--set", "learner.steps=5000", "-q"], tmp_path)
     try:
         wait_for(lambda: train_lines(run_dir) >= 2 or proc.poll() is not None, 300, "two learner steps")
-        if how == "ctrl-c":
-            os.killpg(proc.pid, signal.SIGINT)
-        else:
-            proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        interrupt(proc, how)
+        out, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, err
     lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    line = lines[0]
-    assert line.startswith(INTERRUPTED_PREFIX), err
+    assert lines[0] == SOFT_STOP_LINE, err
+    assert len(lines) == 2, err
     steps = train_lines(run_dir)
-    assert f"{run_dir} keeps the resolved config and {steps} learner steps in metrics.jsonl" in line
-    again = shlex.split(line.split("run it again with ", 1)[1])
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == steps < 5000
+    assert (run_dir / "checkpoint" / "config.json").is_file()
+    assert "held-out accuracy" in out  # the summary table, as a finished run prints it
+    line = lines[1]
+    assert line.startswith(f"{INTERRUPTED_PREFIX}{run_dir} holds the run stopped after step {steps} of 5000"), err
+    again = shlex.split(line.split("run all 5000 steps with ", 1)[1])
     assert again == [
         *("heterorl", "run", str(config), "--run-dir", str(run_dir), "--overwrite"),
         *("--set", "learner.steps=5000"),
     ]
+
+
+def test_a_second_ctrl_c_stops_a_run_at_once(tmp_path: Path, tiny_model_dir: Path) -> None:
+    run_dir = tmp_path / "run"
+    config = tmp_path / "tiny.yaml"
+    config.write_text(tiny(tiny_model_dir))
+    proc = start(["run", str(config), "--run-dir", str(run_dir), "-q"], tmp_path)
+    try:
+        wait_for(lambda: train_lines(run_dir) >= 2 or proc.poll() is not None, 300, "two learner steps")
+        interrupt(proc, "ctrl-c")
+        time.sleep(0.05)
+        interrupt(proc, "ctrl-c")
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    lines = err.strip().splitlines()
+    assert lines[0] == SOFT_STOP_LINE, err
+    assert len(lines) == 2, err
+    steps = train_lines(run_dir)
+    assert lines[1].startswith(
+        f"{INTERRUPTED_PREFIX}{run_dir} keeps the resolved config and {steps} learner steps in metrics.jsonl"
+    ), err
+    assert not (run_dir / "summary.json").exists()
+    assert shlex.split(lines[1].split("run it again with ", 1)[1]) == [
+        "heterorl", "run", str(config), "--run-dir", str(run_dir), "--overwrite"
+    ]  # fmt: skip
 
 
 def test_a_terminated_sweep_ends_its_runs_too(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from heterorl import __version__
-from heterorl.cli_errors import Command, Group, command_line, fail, on_interrupt, user_errors
+from heterorl.cli_errors import Command, Group, command_line, fail, interrupted, on_interrupt, user_errors
 from heterorl.config import ConfigError, load_config
 
 app = typer.Typer(
@@ -208,12 +208,19 @@ def run(
     if live or ray is not None:
         with _live_errors():
             summary = trainer.fit(clock="live", ray=ray)
-    else:
-        with _live_errors(), on_interrupt(lambda: interrupted_run(target, config, set_)):
+    else:  # Ctrl-C or SIGTERM: the run finishes the step it is on (a second one stops it at once)
+        with _live_errors(), on_interrupt(lambda: interrupted_run(target, config, set_), soft=trainer.stop):
             summary = trainer.fit(clock="simulated")
     if summary is None:  # a follower rank of a multi-process learner: rank 0 prints the summary
         return
     _print_summary(summary, target)
+    if trainer.stop_requested:  # only a signal asks this command's trainer to stop
+        again = command_line("run", config, "--run-dir", target, "--overwrite", sets=set_)
+        interrupted(
+            f"{target} holds the run stopped after step {summary['steps']} of {cfg.learner.steps}, evaluated, with "
+            f"checkpoint/ and summary.json; a simulated run does not resume (it is deterministic): run all "
+            f"{cfg.learner.steps} steps with {again}"
+        )
 
 
 def recorded_steps(run_dir: Path) -> int:
@@ -227,7 +234,7 @@ def recorded_steps(run_dir: Path) -> int:
 
 
 def interrupted_run(run_dir: Path, config: Path | None, sets: list[str] | None) -> str:
-    """What an interrupted simulated run kept, and the command that runs it again."""
+    """What a simulated run stopped at once (a second Ctrl-C) kept, and the command that runs it again."""
     steps = recorded_steps(run_dir)
     if steps:
         kept = f"{run_dir} keeps the resolved config and {steps} learner steps in metrics.jsonl"

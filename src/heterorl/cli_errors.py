@@ -5,7 +5,8 @@
 - A config mistake (`ConfigError`): the same prefix, exit 2; a setup mistake (`heterorl.errors.SetupError`: a
   missing model or data file, unusable data, a failing reward function, a missing package, a port in use): exit 1.
 - An interruption (Ctrl-C, or SIGTERM where the command has no handler of its own): `heterorl: interrupted: what
-  was kept; how to continue`, exit 130.
+  was kept; how to continue`, exit 130. A simulated run stops softly at the first signal (it finishes the step it
+  is on, evaluates and saves) and at once at the second.
 Anything else is a bug and keeps its traceback.
 """
 
@@ -35,6 +36,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _USAGE_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
 INTERRUPTED_PREFIX = "heterorl: interrupted: "
 INTERRUPTED_EXIT = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
+SOFT_STOP_LINE = "heterorl: stopping after this step (evaluated and saved); Ctrl-C again stops at once"
 
 
 class _FlagHelp:
@@ -73,6 +75,12 @@ class Group(_FlagHelp, TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+def interrupted(message: str) -> NoReturn:
+    """End the command with `heterorl: interrupted: <message>` on stderr (what was kept, how to go on), exit 130."""
+    typer.secho(INTERRUPTED_PREFIX + message, fg=typer.colors.YELLOW, err=True)
+    raise typer.Exit(INTERRUPTED_EXIT)
+
+
 def fail(message: str, code: int = 1) -> NoReturn:
     """End the command with `heterorl: error: <message>` on stderr and exit `code` (2: usage or config)."""
     print_error(message)
@@ -102,26 +110,39 @@ def command_line(*parts: str | Path | None, sets: Sequence[str] | None = None) -
     return shlex.join(words)
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 @contextmanager
-def on_interrupt(what: Callable[[], str]) -> Iterator[None]:
+def on_interrupt(what: Callable[[], str], soft: Callable[[], None] | None = None) -> Iterator[None]:
     """Ctrl-C (and SIGTERM, which is made to act like it) ends the command with one line: `what()` says what was
-    kept and how to continue. A SIGTERM handler someone else installed is kept as it is."""
-    previous = signal.getsignal(signal.SIGTERM)
-    own = previous in (signal.SIG_DFL, None) and threading.current_thread() is threading.main_thread()
-    if own:
-        signal.signal(signal.SIGTERM, _raise_interrupt)
+    kept and how to continue. A SIGTERM handler someone else installed is kept as it is.
+
+    With `soft`, the first signal only calls it (a run then finishes the step it is on, evaluated and saved: no
+    exception lands in the middle of its work, where a lock could be left held) and says so; a second one stops
+    at once."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        yield
+        return
+    asked = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal asked
+        if soft is None or asked:
+            raise KeyboardInterrupt
+        asked = True
+        soft()
+        typer.secho(SOFT_STOP_LINE, fg=typer.colors.YELLOW, err=True)
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, handler)
+    if previous[signal.SIGTERM] in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, handler)
     try:
         yield
     except KeyboardInterrupt:
-        typer.secho(INTERRUPTED_PREFIX + what(), fg=typer.colors.YELLOW, err=True)
-        raise typer.Exit(INTERRUPTED_EXIT) from None
+        interrupted(what())
     finally:
-        if own:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            if old is not None:
+                signal.signal(sig, old)
 
 
 __all__ = [
@@ -132,6 +153,7 @@ __all__ = [
     "Group",
     "command_line",
     "fail",
+    "interrupted",
     "on_interrupt",
     "user_errors",
 ]
