@@ -4,9 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format install clean vllm test-vllm test-distributed test-ray test-heavy bench
+.PHONY: demo test lint format install clean vllm test-vllm test-distributed test-ray test-wanlab test-heavy bench
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt setup.py src/heterorl/weights/native/pulse.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[dev,tasks,sinks,data,store,store-test]"
@@ -37,6 +37,10 @@ test-distributed: $(STAMP)
 test-ray: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[ray]"
 	$(BIN)/python -m pytest -q -m ray
+
+# The WAN lab: real TCP between network namespaces through shaped links (root; docs/wan-lab.md), about 2 minutes.
+test-wanlab: $(STAMP)
+	$(BIN)/python -m pytest -q -m wanlab tests/lab
 
 test-heavy: test-distributed test-ray test-vllm
 

@@ -41,7 +41,8 @@ from heterorl.run.run_dir import prepare_run_dir
 from heterorl.sampler import Sampler
 from heterorl.simulated.run import build_simulated
 from heterorl.tasks import make_task
-from heterorl.transport.http.client import Backoff, LearnerClient
+from heterorl.transport.backoff import Backoff
+from heterorl.transport.http.client import LearnerClient
 from heterorl.transport.http.service import build_app
 from heterorl.transport.store.objects import FsspecStore
 from heterorl.transport.store.publisher import StorePublisher
@@ -114,7 +115,10 @@ class Harness:
 async def pull_all(pullers: list, receivers: list[WeightReceiver], version: int) -> None:
     async def one(puller, receiver: WeightReceiver) -> None:
         while receiver.version != version:
-            got = await puller.pull(*receiver.held(), 0.0, 0.5, 0)
+            if isinstance(puller, LearnerClient):
+                got = await puller.pull(receiver.held(), 0.0, 0.5, 0)
+            else:
+                got = await puller.pull(*receiver.held(), 0.0, 0.5, 0)
             if isinstance(got, bytes):
                 assert receiver.apply(decode_update(got)), receiver.last_error
 
@@ -134,7 +138,13 @@ def loopback_http(model_dir: Path, n: int, versions: int, tmp: Path) -> float:
         relay = TcpRelay(("127.0.0.1", runner.addresses[0][1]))
         clients = [
             LearnerClient(
-                f"http://{relay.url_host}", TOKEN, cfg.live, f"s{i}", random.Random(i), EventLog(io.StringIO())
+                f"http://{relay.url_host}",
+                TOKEN,
+                cfg.live,
+                f"s{i}",
+                "egress",
+                random.Random(i),
+                EventLog(io.StringIO()),
             )
             for i in range(n)
         ]

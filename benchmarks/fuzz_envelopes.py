@@ -1,5 +1,5 @@
 """Fuzz the sampler's weight intake with mutated update envelopes, through the code a live sampler runs
-(`LiveSampler._receive`: `decode_update`, then `SamplerWorker.receive`, then `WeightReceiver.apply`).
+(`SamplerNode._receive`: `decode_update`, then `SamplerWorker.receive`, then `WeightReceiver.apply`).
 
 A store publishes versions of a small model's bf16 weights (sparse changes, like training); every trial takes a
 receiver holding some version, a genuine envelope (snapshot, patch, merged patch, snapshot + patch) and one
@@ -43,10 +43,13 @@ import zstandard as zstd
 from heterorl.config import ModelConfig, load_config
 from heterorl.eventlog import EventLog
 from heterorl.framing import frame, unframe
-from heterorl.live.sampler_node import LiveSampler
-from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.loop.session import SamplerSession
+from heterorl.loop.worker import SamplerWorker
+from heterorl.node.sampler import SamplerNode
 from heterorl.policy import Policy
 from heterorl.run.build import build_sampler
+from heterorl.simulated.events import EventLoop
+from heterorl.simulated.runtime import VirtualRuntime
 from heterorl.weights import WeightReceiver, WeightStore, state_hash
 from heterorl.weights.envelope import MAGIC, EnvelopeError, encode_update
 from heterorl.weights.format import MAGIC as BLOB_MAGIC
@@ -69,13 +72,16 @@ class Figures:
     applied_by_family: Counter[str] = field(default_factory=Counter)
 
 
-def build(seed: int, workdir: Path) -> tuple[LiveSampler, WeightStore, dict[int, dict[str, torch.Tensor]]]:
+def build(seed: int, workdir: Path) -> tuple[SamplerNode, WeightStore, dict[int, dict[str, torch.Tensor]]]:
     """A sampler (tiny model) and a store holding VERSIONS versions of sparsely changing bf16 weights."""
     Policy.from_config(ModelConfig(**TINY), seed=0).save(workdir / "model")
     overrides = [f"model.path={workdir / 'model'}", "weights.codec=pulse", "weights.snapshot_every=4"]
     cfg = load_config(None, overrides)
     worker = SamplerWorker(cfg, 0, build_sampler(cfg, 0, base=str(workdir / "model")))
-    sampler = LiveSampler(cfg, worker, transport=None, link=None, events=EventLog(io.StringIO()), boot="fuzz")  # type: ignore[arg-type]
+    session = SamplerSession(cfg, 0, worker.name, "fuzz")
+    runtime = VirtualRuntime(EventLoop(), 1.0, "fuzz")
+    events = EventLog(io.StringIO())
+    sampler = SamplerNode(session, worker, None, runtime, 1.0, emit=events.emit)  # type: ignore[arg-type]
     store = WeightStore.from_config(cfg.weights)
     gen = torch.Generator().manual_seed(seed)
     weights = {

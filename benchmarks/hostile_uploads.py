@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import itertools
 import json
 import os
 import shutil
@@ -32,10 +33,12 @@ import torch
 
 from heterorl.config import ModelConfig, config_to_yaml, load_config
 from heterorl.loop.intake import body_digest
+from heterorl.loop.protocol import Upload
 from heterorl.policy import Policy
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import MAGIC, encode_group
 from heterorl.run.build import build_sampler
+from heterorl.transport.wire import REPLY_MAGIC, decode_reply, encode_upload
 
 TINY = {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64}
 TOKEN = "hostile-benchmark-token-" + "h" * 16
@@ -77,6 +80,10 @@ def raw(addr: tuple[str, int], request: bytes, timeout: float = 10.0) -> tuple[i
             if not chunk:
                 break
             body += chunk
+    if body.startswith(REPLY_MAGIC):  # the learner's reply: the refusal of the upload, or its group's verdict
+        reply = decode_reply(body)
+        outcome = reply.refused or (reply.verdicts[0].outcome if reply.verdicts else "")
+        return int(head.split(b" ")[1]), outcome
     try:
         outcome = json.loads(body).get("outcome", "")
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -84,10 +91,21 @@ def raw(addr: tuple[str, int], request: bytes, timeout: float = 10.0) -> tuple[i
     return int(head.split(b" ")[1]), outcome
 
 
-def post(addr: tuple[str, int], body: bytes, token: bytes = TOKEN.encode(), extra: bytes = b"") -> tuple[int, str]:
+SEQ = itertools.count()
+
+
+def post(
+    addr: tuple[str, int], group: bytes, token: bytes = TOKEN.encode(), digest: str | None = None, wrap: bool = True
+) -> tuple[int, str]:
+    """POST one group in an upload of sampler `a` (with its digest, unless `digest` lies); `wrap=False` sends the
+    bytes as the whole body."""
+    body = group
+    if wrap:
+        upload = Upload("a", "hostile", next(SEQ), 0, groups=(group,), digests=(digest or body_digest(group),))
+        body = encode_upload(upload)
     head = (
-        b"POST /v1/rollouts?sampler=a HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token + b"\r\n"
-        b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n" + extra + b"\r\n"
+        b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + token + b"\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n"
     )
     return raw(addr, head + body)
 
@@ -234,27 +252,27 @@ def main(argv: list[str] | None = None) -> int:
         row("header with NaN", lambda: post(addr, with_header(g, b'{"created_at": NaN}')))
         row(
             "body differs from its digest",
-            lambda: post(addr, encode_group(g), extra=b"X-Heterorl-Digest: " + body_digest(b"x").encode() + b"\r\n"),
+            lambda: post(addr, encode_group(g), digest=body_digest(b"x")),
         )
-        row("a body larger than any valid group", lambda: post(addr, b"z" * 200_000))
+        row("a body larger than any valid upload", lambda: post(addr, b"z" * 2_000_000, wrap=False))
         row("no token", lambda: post(addr, encode_group(g), token=b""))
         row("a token that is not UTF-8", lambda: post(addr, encode_group(g), token=b"\xff\xfe\xc3("))
         row(
             "Content-Length: abc",
-            lambda: raw(addr, b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n"),
+            lambda: raw(addr, b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n"),
         )
         row(
             "a chunk size that is not hex",
             lambda: raw(
                 addr,
-                b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
+                b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n",
             ),
         )
         row(
             "Transfer-Encoding with Content-Length",
             lambda: raw(
                 addr,
-                b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
                 b"Content-Length: 5\r\n\r\n0\r\n\r\n",
             ),
         )
@@ -331,7 +349,7 @@ async def concurrent_uploads(addr: tuple[str, int], n: int, size: int) -> None:
         try:
             reader, writer = await asyncio.open_connection(*addr)
             auth = f"Authorization: Bearer {TOKEN}\r\n"
-            head = f"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {size}\r\n\r\n"
+            head = f"POST /v1/exchange HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {size}\r\n\r\n"
             writer.write(head.encode())
             chunk = b"z" * 65536
             for _ in range(size // len(chunk)):
@@ -351,7 +369,7 @@ async def slow_and_idle(addr: tuple[str, int]) -> None:
     async def loris() -> None:
         reader, writer = await asyncio.open_connection(*addr)
         try:
-            for byte in b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\n" + b"X" * 100:
+            for byte in b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\n" + b"X" * 100:
                 writer.write(bytes([byte]))
                 await writer.drain()
                 await asyncio.sleep(1.0)

@@ -40,6 +40,17 @@ DEMO = REPO / "configs" / "demo.yaml"
 SYNC = ["cluster.mode=sync", "cluster.max_staleness=null"]
 IDEAL = [*SYNC, "cluster.samplers=[{}]", "objective.name=grpo", "eval.every=100000"]  # one sampler, ideal link
 PHASES = ("generate", "train", "sync", "other")
+# Model sizes (`--model`): the demo's warm-started 0.3M model, or Qwen3-style models of ~10M / ~100M parameters
+# with the addition task's tokenizer after a single warm-start step (untrained: `--dense-reward` gives their
+# groups reward spread, so that every step is a real optimizer step).
+MODELS = {
+    "demo": [],
+    "10m": ["model.hidden_size=256", "model.num_layers=12", "model.num_heads=4", "model.num_kv_heads=2"],
+    "100m": ["model.hidden_size=768", "model.num_layers=14", "model.num_heads=12", "model.num_kv_heads=4"],
+}
+MODELS["10m"] += ["model.intermediate_size=768", "pretrain.max_steps=1"]
+MODELS["100m"] += ["model.intermediate_size=2304", "pretrain.max_steps=1"]
+DENSE = ["task.reward=heterorl.bench.rewards:partial_answer"]
 
 
 def trial(framework: str, overrides: list[str], steps: int, warmup: int) -> dict[str, Any]:
@@ -113,8 +124,20 @@ def main() -> None:
     parser.add_argument("--no-trl", action="store_true", help="skip the TRL comparison")
     parser.add_argument("--no-demo", action="store_true", help="skip the demo's phase table")
     parser.add_argument("--json", type=Path, help="also write every trial's result here")
+    parser.add_argument("--model", choices=sorted(MODELS), default="demo", help="model size of the side by side")
+    parser.add_argument("--new-tokens", type=int, help="completion length (default: the demo's 6)")
+    parser.add_argument("--lr", type=float, help="learning rate (default: the demo's 1e-4)")
+    parser.add_argument("--dense-reward", action="store_true", help="partial-credit reward (heterorl.bench.rewards)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="more dotted.key=value")
     args = parser.parse_args()
+    extra = [*MODELS[args.model], *(DENSE if args.dense_reward else []), *args.overrides]
+    if args.new_tokens:
+        extra += [f"sampler.max_new_tokens={args.new_tokens}", f"model.max_positions={args.new_tokens + 32}"]
+    if args.lr:
+        extra += [f"learner.lr={args.lr}"]
     console = Console(width=150)
+    if extra:
+        console.print(f"overrides: {' '.join(extra)}")
     console.print(f"[bold]conditions[/bold]: {conditions()}")
     console.print(f"load average (1 / 5 / 15 min) at start: {load()}")
     started = time.monotonic()
@@ -126,9 +149,9 @@ def main() -> None:
     if not args.no_trl and not trl_ok:
         console.print("[yellow]trl is not installed (the `bench` extra): no side-by-side[/yellow]")
     if trl_ok:
-        variants["heterorl"] = ("heterorl", IDEAL)
-        variants["heterorl share_prompt"] = ("heterorl", [*IDEAL, "learner.share_prompt=true"])
-        variants["TRL GRPOTrainer"] = ("trl", IDEAL)
+        variants["heterorl"] = ("heterorl", [*IDEAL, *extra])
+        variants["heterorl share_prompt"] = ("heterorl", [*IDEAL, *extra, "learner.share_prompt=true"])
+        variants["TRL GRPOTrainer"] = ("trl", [*IDEAL, *extra])
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(args.repeats):
@@ -149,8 +172,10 @@ def main() -> None:
         for name in ("heterorl", "heterorl share_prompt"):
             ours = {c: median_split(results[name], c)["total"] for c in ("wall", "cpu")}
             rewards = statistics.mean(r["reward"] for r in results[name])
+            publish = statistics.median(1 - r["thread"]["total"] / r["cpu"]["total"] for r in results[name])
             console.print(
-                f"[bold]{name}[/bold] vs TRL: {trl_m['wall'] / ours['wall']:.2f}x wall, "
+                f"[bold]{name}[/bold]: publish (the background thread) {publish:.1%} of the process CPU; "
+                f"vs TRL: {trl_m['wall'] / ours['wall']:.2f}x wall, "
                 f"{trl_m['cpu'] / ours['cpu']:.2f}x CPU per step (TRL / heterorl; mean batch reward {rewards:.3f} "
                 f"vs TRL's {statistics.mean(r['reward'] for r in results['TRL GRPOTrainer']):.3f})"
             )

@@ -118,7 +118,7 @@ def heterorl_trial(cfg: RunConfig, warmup: int) -> dict[str, Any]:
     into the engine), eval (excluded), other (intake, records, the event loop)."""
     from heterorl.loop.learner_loop import LearnerLoop
     from heterorl.loop.publisher import BackgroundPublisher
-    from heterorl.loop.sampler_loop import SamplerWorker
+    from heterorl.loop.worker import SamplerWorker
     from heterorl.run.build import configure_torch, resolve_base_model
     from heterorl.run.recorder import RunRecorder
     from heterorl.simulated.cluster import SimulatedCluster

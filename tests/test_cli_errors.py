@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from heterorl.cli import app
 from heterorl.cli_errors import ERROR_PREFIX
+from heterorl.lab import netns
 
 ALIAS_BOMB = b"a: &a [x, x, x, x, x, x, x, x, x]\n" + b"".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n".encode() for i in range(8)
@@ -37,6 +38,7 @@ class Mistake:
     setup: Callable[[Path], list[str]] | None = None  # extra arguments that need a fixture (a port, a directory)
     no_config: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    not_root: bool = False  # run as a user other than root (the WAN lab refuses)
 
 
 @pytest.fixture(scope="module")
@@ -94,6 +96,15 @@ def simulated_run_dir(tmp_path: Path) -> Path:
     return run
 
 
+def live_run_dir(tmp_path: Path) -> Path:
+    """What an interrupted `run --live` leaves: a config, metrics and a saved learner state."""
+    run = tmp_path / "live-run"
+    (run / "live" / "state" / "s1-v0").mkdir(parents=True)
+    (run / "config.yaml").write_text("seed: 0\n")
+    (run / "metrics.jsonl").write_text('{"kind": "eval", "step": 0, "eval/accuracy": 0.5}\n')
+    return run
+
+
 MISTAKES = {
     "config not UTF-8": Mistake(b'seed: 1\ntask:\n  name: "\xff\xfe"\n', ["run"], "not UTF-8 text"),
     "a recursive alias": Mistake(b"a: &x [*x]\n", ["run"], "YAML alias"),
@@ -119,10 +130,13 @@ MISTAKES = {
         b"seed: 0\n", ["learner"], "the port is in use", setup=lambda p: ["--listen", f"127.0.0.1:{p.port}"]
     ),
     "--connect to another web server": Mistake(
-        b"seed: 0\n", ["sampler"], "answered HTTP 404", setup=lambda p: ["--connect", p.file_server]
+        b"seed: 0\n", ["sampler"], "answered 404", setup=lambda p: ["--connect", p.file_server]
     ),
     "--connect to a wrong path": Mistake(
-        b"seed: 0\n", ["sampler"], "/wrong/v1/status", setup=lambda p: ["--connect", p.file_server + "/wrong"]
+        b"seed: 0\n",
+        ["sampler"],
+        "/wrong is not a heterorl learner",
+        setup=lambda p: ["--connect", p.file_server + "/wrong"],
     ),
     "--connect to a server answering everything": Mistake(
         b"seed: 0\n", ["sampler"], "not a heterorl learner", setup=lambda p: ["--connect", p.catch_all]
@@ -130,6 +144,37 @@ MISTAKES = {
     "learner --run-dir on a simulated run": Mistake(
         b"seed: 0\n", ["learner"], "not a live learner's", setup=lambda p: ["--run-dir", str(p.simulated)]
     ),
+    "--resume without --live": Mistake(b"seed: 0\n", ["run", "--resume"], "--resume continues a live run"),
+    "run --live --resume on a mistyped directory": Mistake(
+        b"seed: 0\n", ["run", "--live", "--resume", "-q"], "nothing to resume"
+    ),
+    "--resume with --overwrite": Mistake(
+        b"seed: 0\n",
+        ["run", "--live", "--resume", "--overwrite", "-q"],
+        "exclude each other",
+        setup=lambda p: ["--run-dir", str(p.live)],
+    ),
+    "a sampler name that cannot be a file name": Mistake(
+        b"cluster:\n  samplers: [{name: a/b}]\n", ["run"], "cluster.samplers.0.name"
+    ),
+    "a lease of a year": Mistake(b"seed: 0\n", ["run", "--set", "cluster.lease_seconds=3.2e7"], "lease_seconds"),
+    "live.dead_after_s of a day": Mistake(b"seed: 0\n", ["run", "--set", "live.dead_after_s=86400"], "dead_after_s"),
+    "a sampler starting next year": Mistake(
+        b"cluster:\n  samplers: [{start_delay_s: 3.2e7}]\n", ["run"], "start_delay_s"
+    ),
+    "a thousand codec threads": Mistake(b"seed: 0\n", ["run", "--set", "weights.codec_threads=1000"], "codec_threads"),
+    "an outage in the far future": Mistake(
+        b"cluster:\n  samplers: [{link: {outages: [{start: 1, end: 1e12}]}}]\n", ["run"], "outages.0.end"
+    ),
+    "wan_lab_port past 65535": Mistake(b"seed: 0\n", ["run", "--set", "live.wan_lab_port=70000"], "wan_lab_port"),
+    "wan_lab and emulate_links": Mistake(
+        b"live: {wan_lab: true, emulate_links: true}\n", ["run", "--live"], "choose one"
+    ),
+    "wan_lab under Ray": Mistake(b"live: {wan_lab: true}\n", ["run", "--ray", "local"], "Ray places its actors"),
+    "wan_lab without root": Mistake(b"live: {wan_lab: true}\n", ["run", "--live", "-q"], "needs root", not_root=True),
+    "lab ping without root": Mistake(b"seed: 0\n", ["lab", "ping"], "needs root", not_root=True),
+    "lab clean without root": Mistake(b"", ["lab", "clean"], "needs root", no_config=True, not_root=True),
+    "lab ping for hours": Mistake(b"seed: 0\n", ["lab", "ping", "--seconds", "1e9"], "--seconds"),
     "sync inspect of a missing path": Mistake(
         b"", ["sync", "inspect", "no/such/run"], "does not exist", no_config=True
     ),
@@ -143,6 +188,7 @@ class Fixtures:
     file_server: str
     catch_all: str
     simulated: Path
+    live: Path
 
 
 def assert_one_mistake_line(output: str, expected: str) -> None:
@@ -168,15 +214,21 @@ def test_a_mistake_is_one_clear_line(
     config.write_bytes(mistake.config)
     monkeypatch.setenv("HETERORL_TOKEN", "t" * 24)
     monkeypatch.chdir(tmp_path)
-    command, rest = mistake.args[0], mistake.args[1:]
-    args = [command] if mistake.no_config else [command, str(config)]
+    words = 2 if mistake.args[0] in ("lab", "sync") else 1  # a command group: its command comes next
+    command, rest = mistake.args[0], mistake.args[words:]
+    args = mistake.args[:words] + ([] if mistake.no_config else [str(config)])
     if command in ("run", "learner") and not mistake.no_config:
         args += ["--run-dir", str(tmp_path / "run")]
     if command == "learner" and mistake.setup is None:
         args += ["--listen", "127.0.0.1:0"]
     args += rest
     if mistake.setup is not None:
-        args += mistake.setup(Fixtures(listening_port, file_server, catch_all_server, simulated_run_dir(tmp_path)))
+        fixtures = Fixtures(
+            listening_port, file_server, catch_all_server, simulated_run_dir(tmp_path), live_run_dir(tmp_path)
+        )
+        args += mistake.setup(fixtures)
+    if mistake.not_root:
+        monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     result = CliRunner().invoke(app, args)
     assert result.exit_code in (1, 2), result.output
     assert not isinstance(result.exception, Exception) or isinstance(result.exception, SystemExit), result.exception
@@ -221,3 +273,10 @@ def test_a_refusal_under_torchrun_is_two_lines(tmp_path: Path) -> None:
     lines = result.stderr.strip().splitlines()
     assert lines[-1] == f"{ERROR_PREFIX}rank 0 of 2 exited with code 2 (its error is above)", result.stderr
     assert not list(tmp_path.glob("heterorl-ranks-*"))  # the followers' logs go when rank 0 reported the error
+
+
+@pytest.mark.parametrize("group", [[], ["sync"], ["lab"]])
+def test_a_command_group_alone_prints_its_help_once(group: list[str]) -> None:
+    result = CliRunner().invoke(app, group)
+    assert result.exit_code == 0, result.output
+    assert result.output.count("Usage:") == 1, result.output

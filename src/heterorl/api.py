@@ -136,13 +136,15 @@ class Trainer:
             callback.on_start(self)
 
     # ---------------------------------------------------------------- running
-    def fit(self, clock: Clock = "simulated", ray: str | None = None) -> dict[str, Any] | None:
+    def fit(self, clock: Clock = "simulated", ray: str | None = None, resume: bool = False) -> dict[str, Any] | None:
         """Run to `learner.steps` (or `stop()`) on the chosen clock; returns the summary.
 
         Live runs start local processes, or Ray actors with `ray` ('local' or a cluster address). Callbacks run in
-        this process under every clock. Under torchrun the simulated run's learner spans the ranks; follower ranks
-        return None.
+        this process under every clock. `resume` continues an interrupted live run in `run_dir`. Under torchrun the
+        simulated run's learner spans the ranks; follower ranks return None.
         """
+        if resume and (clock != "live" or ray is not None):
+            raise ValueError("resume continues a live run of local processes (clock='live', no ray)")
         if clock == "simulated":
             from heterorl.parallel.distributed import run_as_rank
             from heterorl.simulated.run import execute
@@ -163,7 +165,9 @@ class Trainer:
             check_importable_elsewhere(self.cfg.task.reward_specs)
             from heterorl.live.launcher import run_live
 
-            summary = run_live(self.cfg, self.run_dir, self.show_progress, overwrite=self.overwrite, observer=self)
+            summary = run_live(
+                self.cfg, self.run_dir, self.show_progress, overwrite=self.overwrite, observer=self, resume=resume
+            )
         else:
             raise ValueError(f"clock must be 'simulated' or 'live', got {clock!r}")
         self.summary = summary

@@ -112,9 +112,11 @@ def _live_errors(connect: str | None = None) -> Iterator[None]:
     """Failures a user can act on (live setup, token, unreachable learner, a URL that is no learner, ranks, Ray,
     the store, a diverged learner, a run directory that cannot be used as asked) end in one line: exit 1, or 2
     for the config or the run directory. `connect`: the sampler's --connect URL, named when it answers wrongly."""
+    from heterorl.lab import LabError
     from heterorl.launch.errors import LaunchError
     from heterorl.live.launcher import LiveRunError
     from heterorl.live.preflight import LiveSetupError
+    from heterorl.live.sampler_node import SamplerStoppedError
     from heterorl.loop.learner_loop import TrainingDivergedError
     from heterorl.parallel.distributed import DistributedSetupError
     from heterorl.run.run_dir import RunDirError
@@ -124,13 +126,14 @@ def _live_errors(connect: str | None = None) -> Iterator[None]:
     from heterorl.transport.store.source import StoreUnreachableError
 
     failures = (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError, TrainingDivergedError)
+    failures += (SamplerStoppedError,)
     try:
         yield
     except (ConfigError, RunDirError) as exc:
         fail(str(exc), 2)
     except ProtocolError as exc:
         fail(f"{exc} (is --connect {connect} the learner's URL?)" if connect else str(exc))
-    except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError) as exc:
+    except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError, LabError) as exc:
         fail(str(exc))
 
 
@@ -190,13 +193,22 @@ def run(
         bool,
         typer.Option("--overwrite", help="Replace the run already in --run-dir (default: refuse).", metavar=""),
     ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="With --live: continue the interrupted run in --run-dir.", metavar="")
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Post-train a model with RL on the simulated cluster (or, with --live, on local processes; with --ray, as Ray
     actors) and write a run directory."""
     cfg = _load(config, set_)
+    if resume and (not live or run_dir is None):
+        fail("--resume continues a live run: use it with --live and that run's --run-dir", 2)
     if live and ray is not None:
         fail("--live and --ray are two ways to launch the same run: pick one", 2)
+    if ray is not None and cfg.live.wan_lab:
+        fail(
+            "live.wan_lab runs the processes of `run --live` in a WAN lab; Ray places its actors itself: use --live", 2
+        )
     if nproc is not None and (live or ray is not None):
         fail("--nproc runs the simulated learner as N processes; with --ray use ray.learner.ranks", 2)
     _under_torchrun(nproc)
@@ -205,9 +217,9 @@ def run(
 
     target = run_dir or new_run_dir(name=config.stem if config else "run")
     trainer = Trainer(cfg, run_dir=target, show_progress=not quiet, overwrite=overwrite)
-    if live or ray is not None:
-        with _live_errors():
-            summary = trainer.fit(clock="live", ray=ray)
+    if live or ray is not None:  # the learner saves its state and every child ends; the line says how to resume
+        with _live_errors(), _live_interrupt(config, target, set_, ray=ray is not None):
+            summary = trainer.fit(clock="live", ray=ray, resume=resume)
     else:  # Ctrl-C or SIGTERM: the run finishes the step it is on (a second one stops it at once)
         with _live_errors(), on_interrupt(lambda: interrupted_run(target, config, set_), soft=trainer.stop):
             summary = trainer.fit(clock="simulated")
@@ -244,6 +256,35 @@ def interrupted_run(run_dir: Path, config: Path | None, sets: list[str] | None) 
     return f"{kept}; a simulated run does not resume (it is deterministic): run it again with {again}"
 
 
+@contextmanager
+def _live_interrupt(config: Path | None, run_dir: Path, sets: list[str] | None, ray: bool) -> Iterator[None]:
+    """Ctrl-C or SIGTERM ending `run --live` (the launcher ends every child, the learner saving its state first,
+    and raises LiveInterruptedError) or `run --ray` (the actors are ended) in one line: what was kept and the
+    command that continues it."""
+    from heterorl.live.launcher import LiveInterruptedError
+
+    how = "--ray" if ray else "--live"
+    again = command_line(
+        "run", config, how, *(["ADDRESS"] if ray else []), "--run-dir", run_dir, "--overwrite", sets=sets
+    )
+    if ray:
+        learner = command_line("learner", config, "--run-dir", run_dir, "--resume", sets=sets)
+        kept = (
+            f"the Ray actors were ended; {run_dir} on the learner's node keeps its saved state: continue with "
+            f"{learner} and samplers pointed at it, or run it again with {again}"
+        )
+    else:  # interrupted before the children started (the warm start, the run directory)
+        kept = f"no process had started: run it again with {again}"
+    try:
+        with on_interrupt(lambda: kept):
+            yield
+    except LiveInterruptedError as exc:
+        if exc.version is None:
+            interrupted(f"{exc.kept}: run it again with {again}")
+        resume = command_line("run", config, "--live", "--run-dir", run_dir, "--resume", sets=sets)
+        interrupted(f"{exc.kept}; continue with {resume}")
+
+
 @app.command(cls=Command)
 @user_errors
 def learner(
@@ -273,8 +314,13 @@ def learner(
         summary = run_as_rank(cfg, lambda: serve_learner(cfg, listen, target, resume=resume, show_progress=not quiet))
     if is_follower():
         return
-    if summary is None:
-        typer.echo(f"stopped; continue with: heterorl learner ... --run-dir {target} --resume")
+    if summary is None:  # stopped by a signal, its state saved
+        from heterorl.durable.state import latest_state
+
+        state = latest_state(target / "live" / "state")
+        kept = f"{target} keeps the learner's state saved at version {state.name.rsplit('-v', 1)[1]}" if state else ""
+        again = command_line("learner", config, "--listen", listen, "--run-dir", target, "--resume", sets=set_)
+        interrupted(f"{kept or f'{target} holds no saved state'}; continue with {again}")
     else:
         _print_summary(summary, target)
 
@@ -293,7 +339,11 @@ def sampler(
     cfg = _load(config, set_)
     from heterorl.live.sampler_node import run_sampler
 
-    with _live_errors(connect=connect or None):
+    again = command_line(
+        "sampler", config, *(("--connect", connect) if connect else ()), "--index", str(index), sets=set_
+    )
+    kept = f"the sampler stopped (the learner keeps the run; undelivered groups are lost): start it again with {again}"
+    with _live_errors(connect=connect or None), on_interrupt(lambda: kept):
         run_sampler(cfg, connect or None, index)
 
 
@@ -510,6 +560,97 @@ def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory."
         f"total {sent / 1e6:.3f} MB sent vs {full / 1e6:.3f} MB of full weights ({full / max(sent, 1):.1f}x less); "
         f"changed share per version: mean {sum(shares) / len(shares):.4%}, max {max(shares):.4%}"
     )
+
+
+lab_app = typer.Typer(
+    cls=Group, no_args_is_help=True, help="WAN lab: samplers' links shaped for real between network namespaces (root)."
+)
+app.add_typer(lab_app, name="lab")
+
+
+@lab_app.command("ping", cls=Command)
+@user_errors
+def lab_ping(
+    config: ConfigArg = None,
+    overrides: SetOpt = None,
+    seconds: Annotated[
+        float, typer.Option(min=0.5, max=600.0, help="Length of each bulk transfer at the link's rate (s).")
+    ] = 3.0,
+    pings: Annotated[int, typer.Option(min=1, max=10_000, help="Round trips measured per link.")] = 10,
+) -> None:
+    """Each sampler link of the config, shaped in a WAN lab: round trip (1-byte pings on a TCP connection) and
+    steady rates (bulk upload and download, second half of the bytes) measured through real TCP, beside the
+    configured values (docs/wan-lab.md)."""
+    import os
+
+    from rich.table import Table
+
+    from heterorl.console import console, out
+    from heterorl.lab import LabError, WanLab
+    from heterorl.lab.ping import configured_rtt, measure_link, start_probe_server
+
+    cfg = _load(config, overrides)
+    links = [node.link for node in cfg.cluster.samplers]
+    for i, link in enumerate(links):
+        median = configured_rtt(link, n=1000)[0]
+        if median > MAX_PING_RTT_S:
+            fail(
+                f"cluster.samplers.{i}.link has a median round trip of {median:.0f} s; `lab ping` measures links up "
+                f"to {MAX_PING_RTT_S:.0f} s (set shorter delays with --set)",
+                2,
+            )
+    table = Table(title="WAN lab links: configured vs measured through TCP")
+    for col in ("sampler", "RTT cfg p50/p90", "RTT measured p50/p90", "up cfg/measured", "down cfg/measured", "retx"):
+        table.add_column(col, justify="right")
+    measured = "nothing was kept (lab ping only prints; its namespaces were removed): run it again"
+    try:
+        with on_interrupt(lambda: measured), WanLab(links, seed=cfg.seed) as lab:
+            start_probe_server(lab)
+            before = lab.stats()["cpu_s"]
+            for i, node in enumerate(cfg.cluster.samplers):
+                console.print(f"measuring link {i} ({node.name or f'sampler-{i}'}) ...")
+                m = measure_link(lab, i, seconds=seconds, pings=pings)
+                p50, p90 = configured_rtt(node.link)
+                rates = [node.link.bandwidth_of(p) for p in ("rollout", "weights")]
+                cfg_rtt = "trace" if node.link.trace else f"{p50 * 1e3:.1f}/{p90 * 1e3:.1f} ms"
+                table.add_row(
+                    node.name or f"sampler-{i}",
+                    cfg_rtt,
+                    f"{m.rtt_median * 1e3:.1f}/{m.rtt_p90 * 1e3:.1f} ms",
+                    f"{_mbps(rates[0])}/{m.upload_mbps:.2f}",
+                    f"{_mbps(rates[1])}/{m.download_mbps:.2f}",
+                    str(m.retransmitted),
+                )
+            stats = lab.stats()
+    except LabError as exc:
+        fail(str(exc))
+    out.print(table)
+    out.print(
+        f"rates in payload Mbit/s (1448 of 1500 bytes); router CPU {stats['cpu_s'] - before:.2f} s over "
+        f"{stats['elapsed_s']:.1f} s, latest write {stats['late_max_s'] * 1e3:.1f} ms late; "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
+
+
+MAX_PING_RTT_S = 30.0  # `lab ping` sends ~20 round trips per link; beyond this it would take many minutes
+
+
+def _mbps(rate: float | None) -> str:
+    return "unlimited" if rate is None else f"{rate:g}"
+
+
+@lab_app.command("clean", cls=Command)
+def lab_clean() -> None:
+    """Delete network namespaces left behind by labs that were killed outright (their process is gone)."""
+    from heterorl.lab import LabError
+    from heterorl.lab.netns import check_host, remove_stale
+
+    try:
+        check_host()
+    except LabError as exc:
+        fail(str(exc))
+    removed = remove_stale()
+    typer.echo(f"removed {len(removed)} namespace(s)" + (f": {', '.join(removed)}" if removed else ""))
 
 
 def main() -> None:  # pragma: no cover

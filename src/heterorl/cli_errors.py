@@ -63,8 +63,10 @@ class Group(_FlagHelp, TyperGroup):
             code = super().main(*args, standalone_mode=False, **kwargs)
         except _USAGE_ERROR as exc:
             ctx = getattr(exc, "ctx", None)
-            if type(exc).__name__ == "NoArgsIsHelpError" and ctx is not None:  # `heterorl` or `heterorl sync` alone
-                typer.echo(ctx.get_help())
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `heterorl` or `heterorl sync` alone: the help
+                text = exc.format_message()  # type: ignore[attr-defined]
+                if text.strip():  # rich help is printed while the error is made, and its text is empty
+                    typer.echo(text)
                 sys.exit(0)
             see = f" (see {ctx.command_path} --help)" if ctx is not None else ""
             print_error(exc.format_message().rstrip(".") + see)  # type: ignore[attr-defined]

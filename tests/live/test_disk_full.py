@@ -21,8 +21,9 @@ from heterorl.eventlog import EventLog
 from heterorl.metrics import read_metrics
 from heterorl.rollout_codec import encode_group
 from heterorl.transport.http.service import build_app
+from heterorl.transport.wire import decode_reply
 from live.test_state import resume_live
-from transport.test_service import AUTH, REWARD, TOKEN, make_live, sample_groups, varied_reward  # noqa: F401
+from transport.test_service import AUTH, REWARD, TOKEN, make_live, sample_groups, upload, varied_reward  # noqa: F401
 
 pytestmark = pytest.mark.usefixtures("varied_reward")
 
@@ -89,9 +90,11 @@ def test_a_full_disk_is_answered_507_and_the_learner_carries_on(
     bodies = [encode_group(g) for g in groups]
     trainer = threading.Thread(target=live.train, daemon=True)
 
+    seq = iter(range(100))
+
     async def post(client: TestClient, body: bytes) -> tuple[int, str]:
-        r = await client.post("/v1/rollouts", data=body, headers=AUTH)
-        return r.status, (await r.json())["outcome"]
+        r = await client.post("/v1/exchange", data=upload([body], seq=next(seq)), headers=AUTH)
+        return r.status, decode_reply(await r.read()).verdicts[0].outcome
 
     async def scenario() -> list[tuple[int, str]]:
         async with TestClient(TestServer(build_app(live, TOKEN))) as client:

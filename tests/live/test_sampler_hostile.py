@@ -16,9 +16,12 @@ import zstandard as zstd
 from conftest import tiny_config
 from heterorl.eventlog import EventLog
 from heterorl.framing import frame
-from heterorl.live.sampler_node import LiveSampler
-from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.loop.session import SamplerSession
+from heterorl.loop.worker import SamplerWorker
+from heterorl.node.sampler import SamplerNode
 from heterorl.run.build import build_sampler
+from heterorl.simulated.events import EventLoop
+from heterorl.simulated.runtime import VirtualRuntime
 from heterorl.weights import Update, WeightStore
 from heterorl.weights.envelope import MAGIC, encode_update
 from heterorl.weights.format import MAGIC as BLOB_MAGIC
@@ -53,19 +56,22 @@ HOSTILE = {
 
 
 @pytest.fixture
-def sampler(tiny_model_dir: Path) -> LiveSampler:
+def sampler(tiny_model_dir: Path) -> SamplerNode:
     cfg = tiny_config(tiny_model_dir, "weights.codec=pulse")
     worker = SamplerWorker(cfg, 0, build_sampler(cfg, 0, base=str(tiny_model_dir)))
     events = EventLog(io.StringIO())
-    live = LiveSampler(cfg, worker, transport=None, link=None, events=events, boot="b")  # type: ignore[arg-type]
+    session = SamplerSession(cfg, 0, worker.name, "b")
+    runtime = VirtualRuntime(EventLoop(), 1.0, "test")
+    node = SamplerNode(session, worker, transport=None, runtime=runtime, poll_seconds=1.0, emit=events.emit)  # type: ignore[arg-type]
+    node.events = events  # type: ignore[attr-defined]
     store = WeightStore.from_config(cfg.weights)
     store.publish(0, worker.sampler.engine.policy.model.state_dict())
-    assert live._receive(encode_update(store.update_for(None, None)))
-    return live
+    assert node._receive(encode_update(store.update_for(None, None)))
+    return node
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_hostile_weight_bytes_are_refused_without_an_exception(sampler: LiveSampler, name: str) -> None:
+def test_hostile_weight_bytes_are_refused_without_an_exception(sampler: SamplerNode, name: str) -> None:
     worker = sampler.worker
     before = {k: v.clone() for k, v in (worker.receiver.weights or {}).items()}
     held = worker.held()
@@ -81,7 +87,7 @@ def test_hostile_weight_bytes_are_refused_without_an_exception(sampler: LiveSamp
     assert events[-1]["ok"] is False
 
 
-def test_worker_receive_turns_a_parse_error_into_a_refusal(sampler: LiveSampler) -> None:
+def test_worker_receive_turns_a_parse_error_into_a_refusal(sampler: SamplerNode) -> None:
     """Whatever the receiver's parser raises on hostile bytes (here a blob header nested 50,000 deep handed to
     `WeightReceiver.apply` directly, past the envelope's checks) is a refusal, not a crash of the sampler."""
     worker = sampler.worker

@@ -15,6 +15,7 @@ from heterorl.live.learner_node import LiveLearner
 from heterorl.loop.intake import body_digest
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
+from heterorl.transport.http.status import status_of
 from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("varied_reward")
@@ -88,7 +89,7 @@ def test_prompt_plus_completion_over_the_models_context_is_too_long(live: LiveLe
     assert len(text.prompt_ids(long_prompt)) == context - 1
     assert group.completion_ids_GL.shape[1] >= 2  # so prompt + completion > context
     verdict = live.loop.offer(variant(group, lengthen))
-    assert (verdict.status, verdict.outcome) == (422, "too_long")
+    assert (status_of(verdict.outcome), verdict.outcome) == (422, "too_long")
 
 
 def test_texts_ids_and_info_are_bounded(live: LiveLearner, tiny_model_dir: Path) -> None:
@@ -118,7 +119,7 @@ def test_texts_ids_and_info_are_bounded(live: LiveLearner, tiny_model_dir: Path)
     ]
     for reason, status, change in cases:
         verdict = live.loop.offer(variant(group, change))
-        assert (verdict.status, verdict.outcome) == (status, reason), change.__name__
+        assert (status_of(verdict.outcome), verdict.outcome) == (status, reason), change.__name__
     assert live.loop.intake.counters.info == {}
     assert dict(live.loop.intake.counters.rejected) == {"too_long": 2, "invalid": 3}
 
@@ -137,9 +138,9 @@ def test_a_reused_group_id_with_other_content_is_a_conflict(live: LiveLearner, t
 
     for group, body in ((groups[0], bodies[0]), (groups[4], bodies[4])):  # consumed, queued
         retried = live.loop.offer(body, body_digest(body))
-        assert (retried.status, retried.outcome) == (200, "duplicate")
+        assert (status_of(retried.outcome), retried.outcome) == (200, "duplicate")
         impostor = live.loop.offer(variant(group, other_rewards, suffix=""))
-        assert (impostor.status, impostor.outcome) == (409, "id_conflict")
+        assert (status_of(impostor.outcome), impostor.outcome) == (409, "id_conflict")
     counters = live.loop.intake.counters
     assert (counters.accepted, counters.duplicates, counters.rejected["id_conflict"]) == (5, 2, 2)
     assert [g.group_id for g in live.loop.intake.buffer.groups] == [groups[4].group_id]

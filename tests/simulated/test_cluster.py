@@ -1,7 +1,6 @@
 """The simulated cluster: staleness follows the network, control rules hold, faults are survived and counted, runs
 are deterministic."""
 
-import math
 from pathlib import Path
 
 import pytest
@@ -28,12 +27,37 @@ def nodes(*specs: str) -> list[str]:
     return [f"cluster.samplers=[{', '.join(specs)}]"]
 
 
+def pulled_versions(delay: float, cost: float, poll: float, until: float) -> list[tuple[float, int]]:
+    """When a sampler that pulls weights (`transport.simulated.link`) holds which version, computed by hand: the
+    learner publishes v0 at 0 and version j >= 1 at delay + (j + 1) * cost (below). A request (up-path delay 0) is
+    answered at once when the learner has a newer version than the sampler holds (the newest: versions in between
+    are skipped), else when the next version is published if that is within `poll` seconds (a long-poll), else
+    with "nothing newer" after `poll` seconds. Every answer takes `delay` to come back; the next request goes then."""
+
+    def published(j: int) -> float:
+        return 0.0 if j == 0 else delay + (j + 1) * cost
+
+    held, t, out = 0, delay, [(delay, 0)]
+    while t < until:
+        newest = max(j for j in range(int(until / cost) + 2) if published(j) <= t)
+        if newest > held:
+            held, t = newest, t + delay
+        elif published(held + 1) <= t + poll:
+            held, t = held + 1, published(held + 1) + delay
+        else:
+            t = t + poll + delay
+        out.append((t, held))
+    return out
+
+
 @pytest.mark.parametrize(("delay", "cost"), [(25.0, 10.0), (7.0, 3.0), (0.5, 2.0)])
-def test_fixed_delay_gives_the_staleness_the_arithmetic_predicts(tmp_path: Path, tiny_model_dir: Path, delay, cost):
+def test_fixed_delay_gives_the_staleness_the_pull_arithmetic_predicts(
+    tmp_path: Path, tiny_model_dir: Path, delay, cost
+):
     """One sampler producing a batch exactly every `cost` seconds (one-token completions), a learner consuming one
-    every `cost` seconds, weights arriving `delay` after each step: batch k starts generating at d + (k-1)c with the
-    newest version j whose weights arrived by then, d + (j+1)c + d <= d + (k-1)c, so the staleness at step k is
-    min(k - 1, 1 + ceil(d / c)) (d / c not an integer)."""
+    every `cost` seconds, weights `delay` away: batch k starts generating at delay + (k - 1) * cost with the version
+    it holds then (`pulled_versions`), is trained at learner version k - 1 and committed at delay + (k + 1) * cost.
+    The pull conversation, not a push, decides what a sampler holds."""
     link = f"{{weights_delay: {{kind: fixed, seconds: {delay}}}}}"
     G, B = 4, 16
     speed = B * G / cost  # one chunk (B groups of G one-token completions) per `cost` seconds
@@ -42,15 +66,21 @@ def test_fixed_delay_gives_the_staleness_the_arithmetic_predicts(tmp_path: Path,
         tiny_model_dir,
         *nodes(f"{{tokens_per_second: {speed}, link: {link}}}"),
         "cluster.mode=async",
+        "cluster.max_queued_steps=null",  # no admission, and a window of uploads that never holds generation back:
+        "cluster.uploads_in_flight=64",  # only the weights path sets staleness here
         f"cluster.learner_step_seconds={cost}",
         "sampler.max_new_tokens=1",
         f"learner.groups_per_step={B}",
         "learner.steps=8",
     )
     cluster.run()
-    expected = [min(k - 1, 1 + math.ceil(delay / cost)) for k in range(1, 9)]
+    held = pulled_versions(delay, cost, cluster.cfg.live.poll_seconds, delay + 9 * cost)
+
+    def version_at(t: float) -> int:
+        return max(v for at, v in held if at <= t)
+
+    expected = [(k - 1) - version_at(delay + (k - 1) * cost) for k in range(1, 9)]
     assert [r["stale/max"] for r in records] == expected
-    assert [r["stale/mean"] for r in records] == expected
     assert records[-1]["time/clock"] == pytest.approx(delay + 9 * cost, abs=1e-3)
 
 
@@ -65,7 +95,8 @@ def test_sync_mode_pays_every_delay_and_is_never_stale(tmp_path: Path, tiny_mode
     )
     cluster.run()
     assert all(r["stale/max"] == 0 for r in records)
-    assert [r["time/clock"] for r in records] == pytest.approx([10 * k for k in range(1, 5)], abs=1e-3)
+    # a round: the step (3 s), its version down (5 s), the batch up (2 s); the first pull also went up (2 s)
+    assert [r["time/clock"] for r in records] == pytest.approx([2 + 10 * k for k in range(1, 5)], abs=1e-3)
     assert all(r[f"sampler/sampler-{i}/version"] == r["step"] - 1 for r in records for i in range(2))
 
 
@@ -262,7 +293,7 @@ def test_weight_link_faults_are_survived_through_snapshots_and_counted(tmp_path:
     reaches the last step (sync mode regenerates what the learner never acknowledged)."""
     faults = "{drop: 0.15, duplicate: 0.15, reorder: 0.1, reorder_seconds: 2, corrupt: 0.25}"
     link = (
-        "{weights_delay: {kind: uniform, low: 0.5, high: 3}, retry_seconds: 4,"
+        "{weights_delay: {kind: uniform, low: 0.5, high: 3},"
         f" weights_faults: {faults}, rollout_faults: {{drop: 0.1, corrupt: 0.1, duplicate: 0.1}}}}"
     )
     cluster, records = build(
@@ -291,15 +322,15 @@ def test_weight_link_faults_are_survived_through_snapshots_and_counted(tmp_path:
     assert len(records) == 12
     assert checked
     summary = cluster.summary()["samplers"]
-    weights_faults = sum(sum(s["faults_weights"].values()) for s in summary.values())
-    rollout_faults = sum(sum(s["faults_rollout"].values()) for s in summary.values())
+    weights_faults = sum(sum(s["faults"]["weights"].values()) for s in summary.values())
+    rollout_faults = sum(sum(s["faults"]["up"].values()) for s in summary.values())
     assert weights_faults > 0
     assert rollout_faults > 0
     failed = sum(n.worker.failed for n in cluster.nodes)
     assert failed > 0, "with 25% corruption some update must have been refused"
     assert records[-1]["net/weights_failed_total"] <= failed  # reported up to the last step
     rejected = records[-1]["net/rejected_corrupt"] + records[-1]["net/rejected_malformed"]
-    corrupted = sum(s["faults_rollout"].get(k, 0) for s in summary.values() for k in ("corrupt", "duplicate"))
+    corrupted = sum(s["faults"]["up"].get(k, 0) for s in summary.values() for k in ("corrupt", "duplicate"))
     assert 0 < rejected <= corrupted  # only corrupted copies are refused, and never trained
     assert records[-1]["net/duplicates_total"] > 0
     for seen in kinds:  # a refusal makes the sampler ask for a snapshot (patches already on the way may land first)
@@ -308,17 +339,20 @@ def test_weight_link_faults_are_survived_through_snapshots_and_counted(tmp_path:
 
 
 def test_a_learner_that_refuses_every_group_stops_the_simulation_loudly(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """In virtual time nothing else would end such a run: it would generate forever."""
+    """In virtual time nothing else would end such a run: it would generate forever. The session's own rule stops
+    each sampler after `cluster.max_refusals_in_a_row` refusals, and the simulation says why."""
     from heterorl.loop.intake import Verdict
 
-    cluster, _ = build(tmp_path, tiny_model_dir, "learner.steps=2")
-    cluster.loop.offer = lambda payload, digest=None: Verdict(422, "invalid", detail="refused for the test")
-    with pytest.raises(RuntimeError, match=r"refused the last 256 groups .*invalid 422: refused for the test"):
+    cluster, _ = build(tmp_path, tiny_model_dir, "learner.steps=2", "cluster.max_refusals_in_a_row=20")
+    cluster.loop.offer = lambda body, digest=None, sender=None: Verdict("invalid", detail="refused for the test")
+    pattern = r"stalled.*sampler-0: the learner refused 20 uploads or groups in a row, 20 of them as 'invalid'"
+    with pytest.raises(RuntimeError, match=pattern + r" \(last: refused for the test\)"):
         cluster.run()
 
 
-def _node_weights(cluster: SimulatedCluster) -> list[tuple[int | None, str]]:
-    return [(n.worker.receiver.version, state_hash(n.worker.receiver.weights)) for n in cluster.nodes]
+def _node_weights(cluster: SimulatedCluster) -> list[tuple[int | None, str | None]]:
+    held = [n.worker.receiver for n in cluster.nodes]
+    return [(r.version, None if r.weights is None else state_hash(r.weights)) for r in held]
 
 
 @pytest.mark.parametrize(
@@ -332,7 +366,7 @@ def _node_weights(cluster: SimulatedCluster) -> list[tuple[int | None, str]]:
         # one faulty link (always bytes) beside an unlimited one (arrival known when sent)
         [
             "{tokens_per_second: 30, link: {weights_delay: {kind: fixed, seconds: 1}}}",
-            "{tokens_per_second: 20, link: {weights_delay: {kind: uniform, low: 0.5, high: 3}, retry_seconds: 4,"
+            "{tokens_per_second: 20, link: {weights_delay: {kind: uniform, low: 0.5, high: 3},"
             " weights_faults: {drop: 0.2, corrupt: 0.2}}}",
         ],
     ],
@@ -359,7 +393,7 @@ def test_shared_weights_give_the_run_that_decoding_every_update_gives(tmp_path: 
         finals[share] = _node_weights(cluster)
         runs[share] = _strip_wall(read_metrics(tmp_path / str(share) / "metrics.jsonl"))
         if share:
-            assert [cluster._shares(n) for n in cluster.nodes] == [not n.weights.lossy for n in cluster.nodes]
+            assert [n.side.shares for n in cluster.nodes] == [not n.side.weights.lossy for n in cluster.nodes]
     assert runs[True] == runs[False]
     assert finals[True] == finals[False]
     assert sum(r.get("sync/bytes", 0) for r in runs[True]) > 0

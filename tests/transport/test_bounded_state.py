@@ -1,4 +1,4 @@
-"""What one authenticated client can make the learner hold is bounded: a body no larger than the largest group
+"""What one authenticated client can make the learner hold is bounded: a body no larger than the largest upload
 the learner could accept, a fixed number of bodies read at once, and only the run's own sampler names in the
 public status and in the metrics."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from heterorl.rollout_codec import max_message_bytes
+from heterorl.transport.http.service import max_upload_bytes
 from transport.test_http_guard import exchange, make, served, status_of
 from transport.test_service import TOKEN, varied_reward  # noqa: F401 (a fixture)
 
@@ -18,15 +18,14 @@ pytestmark = pytest.mark.usefixtures("varied_reward")
 AUTH = f"Authorization: Bearer {TOKEN}\r\n".encode()
 
 
-def test_a_body_larger_than_any_valid_group_is_refused_unread(tmp_path: Path, tiny_model_dir: Path) -> None:
-    live, _ = make(tmp_path, tiny_model_dir, "live.max_body_bytes=16777216")
-    largest = max_message_bytes(live.loop.intake.limits(0))
-    assert largest is not None
-    assert largest < 100_000  # G=4, 3 new tokens, a 64-token context: tens of KB, not 16 MiB
+def test_a_body_larger_than_any_valid_upload_is_refused_unread(tmp_path: Path, tiny_model_dir: Path) -> None:
+    live, _ = make(tmp_path, tiny_model_dir, "live.max_body_bytes=16777216", "cluster.groups_per_upload=4")
+    largest = max_upload_bytes(live.cfg, live.loop.intake.limits(0))
+    assert largest < 400_000  # 4 groups of G=4, 3 new tokens, a 64-token context: far from 16 MiB
 
     async def scenario() -> tuple[int, dict, dict]:
         async with served(live) as addr:
-            head = b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\n" + AUTH
+            head = b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\n" + AUTH
             request = head + f"Content-Length: {largest + 1}\r\nConnection: close\r\n\r\n".encode()
             code, body = await exchange(addr, request + b"z" * (largest + 1))
             return code, body, await status_of(addr)
@@ -38,7 +37,7 @@ def test_a_body_larger_than_any_valid_group_is_refused_unread(tmp_path: Path, ti
 
 def test_uploads_beyond_the_limit_are_turned_away_busy(tmp_path: Path, tiny_model_dir: Path) -> None:
     live, _ = make(tmp_path, tiny_model_dir, "live.max_concurrent_uploads=2")
-    head = b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Length: 1000\r\n\r\n"
+    head = b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Length: 1000\r\n\r\n"
 
     async def scenario() -> tuple[list[int], dict]:
         async with served(live) as addr:

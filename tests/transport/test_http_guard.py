@@ -17,7 +17,9 @@ from aiohttp import web
 
 from heterorl.eventlog import EventLog
 from heterorl.live.learner_node import LiveLearner
+from heterorl.loop.protocol import Upload
 from heterorl.transport.http.service import make_runner
+from heterorl.transport.wire import REPLY_MAGIC, decode_reply, encode_upload
 from transport.test_service import REWARD, TOKEN, make_live, varied_reward  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("varied_reward")
@@ -45,7 +47,16 @@ async def exchange(addr: tuple[str, int], request: bytes, timeout: float = 10.0)
     fields = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
     body = await asyncio.wait_for(reader.readexactly(int(fields.get("content-length", 0))), timeout)
     writer.close()
-    return int(lines[0].split(" ", 2)[1]), json.loads(body) if body.startswith(b"{") else {}
+    return int(lines[0].split(" ", 2)[1]), answer_of(body)
+
+
+def answer_of(body: bytes) -> dict:
+    """A JSON answer as it is, a reply (`transport.wire`) as {"outcome": its refusal or first verdict, ...}."""
+    if body.startswith(REPLY_MAGIC):
+        reply = decode_reply(body)
+        outcome = reply.refused or (reply.verdicts[0].outcome if reply.verdicts else "")
+        return {"outcome": outcome, "detail": reply.detail}
+    return json.loads(body) if body.startswith(b"{") else {}
 
 
 async def status_of(addr: tuple[str, int]) -> dict:
@@ -66,24 +77,24 @@ def test_a_token_that_is_not_utf8_is_refused_and_counted(tmp_path: Path, tiny_mo
 
     async def scenario() -> dict:
         async with served(live) as addr:
-            for route in (b"POST /v1/rollouts", b"GET /v1/weights", b"POST /v1/admission?n=1&version=0"):
+            for route in (b"POST /v1/exchange", b"GET /v1/weights"):
                 request = route + b" HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\xc3(\r\n"
                 code, body = await exchange(addr, request + b"Content-Length: 0\r\nConnection: close\r\n\r\n")
                 assert (code, body["outcome"]) == (401, "unauthorized"), route
             return await status_of(addr)
 
     status = asyncio.run(scenario())
-    assert status["rejected"] == {"unauthorized": 3}
+    assert status["rejected"] == {"unauthorized": 2}
     assert "Traceback" not in log.getvalue()
 
 
 UNPARSABLE = {
-    "Content-Length that is not a number": b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+    "Content-Length that is not a number": b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
     "chunk size that is not hex": (
-        b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"
+        b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n"
     ),
     "Transfer-Encoding with Content-Length": (
-        b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"
+        b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n"
     ),
     "request line of 20,000 bytes": b"GET /v1/status?" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
     "header of 20,000 bytes": b"GET /v1/status HTTP/1.1\r\nHost: x\r\nX-Junk: " + b"j" * 20_000 + b"\r\n\r\n",
@@ -118,7 +129,7 @@ def test_slow_and_idle_connections_are_closed_and_extra_ones_refused(tmp_path: P
         reader, writer = await asyncio.open_connection(*addr)
         began = time.monotonic()
         try:
-            for byte in b"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 200:
+            for byte in b"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 200:
                 writer.write(bytes([byte]))
                 await writer.drain()
                 await asyncio.sleep(0.1)
@@ -153,12 +164,13 @@ def test_a_body_that_does_not_arrive_in_time_gets_408(tmp_path: Path, tiny_model
     async def scenario() -> tuple[int, dict, dict]:
         async with served(live) as addr:
             reader, writer = await asyncio.open_connection(*addr)
-            head = f"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 900\r\n"
+            head = f"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 900\r\n"
             writer.write(head.encode() + b"\r\n" + b"x" * 10)  # then nothing
-            raw = await asyncio.wait_for(reader.readuntil(b"}"), 10)
+            head_bytes = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+            length = int(head_bytes.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            body = await asyncio.wait_for(reader.readexactly(length), 10)
             writer.close()
-            head_bytes, _, body = raw.partition(b"\r\n\r\n")
-            return int(head_bytes.split(b" ")[1]), json.loads(body), await status_of(addr)
+            return int(head_bytes.split(b" ")[1]), answer_of(body), await status_of(addr)
 
     code, body, status = asyncio.run(scenario())
     assert (code, body["outcome"]) == (408, "timeout")
@@ -168,15 +180,17 @@ def test_a_body_that_does_not_arrive_in_time_gets_408(tmp_path: Path, tiny_model
 def test_a_handler_bug_is_a_counted_500_in_one_log_line(tmp_path: Path, tiny_model_dir: Path) -> None:
     live, log = make(tmp_path, tiny_model_dir)
 
-    def broken(body: bytes, digest: str | None = None) -> None:
+    def broken(upload: Upload) -> None:
         raise KeyError("a bug")
 
-    live.loop.offer = broken  # type: ignore[method-assign]
+    live.loop.exchange = broken  # type: ignore[method-assign]
+    upload = encode_upload(Upload("sampler-0", "s", 0, 0))
 
     async def scenario() -> tuple[int, dict, dict]:
         async with served(live) as addr:
-            request = f"POST /v1/rollouts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-            code, body = await exchange(addr, request.encode() + b"Content-Length: 3\r\nConnection: close\r\n\r\nabc")
+            request = f"POST /v1/exchange HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            length = f"Content-Length: {len(upload)}\r\nConnection: close\r\n\r\n"
+            code, body = await exchange(addr, (request + length).encode() + upload)
             return code, body, await status_of(addr)
 
     code, body, status = asyncio.run(scenario())

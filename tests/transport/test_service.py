@@ -1,5 +1,6 @@
-"""The learner's HTTP service in process: every rejection gets its status code and is counted (status and
-metrics), the weights route serves updates a receiver verifies, and the learner keeps training afterwards."""
+"""The learner's HTTP service in process: every refusal, of a whole upload or of one group in it, gets its status
+code and is counted (status and metrics), the weights route serves updates a receiver verifies, and the learner
+keeps training afterwards."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from conftest import tiny_config
 from heterorl.eventlog import EventLog
 from heterorl.live.learner_node import LiveLearner, open_learner
-from heterorl.loop.intake import REJECTION_STATUS, body_digest
+from heterorl.loop.intake import REASONS, body_digest
+from heterorl.loop.protocol import Reply, Upload
 from heterorl.metrics import read_metrics
 from heterorl.policy import Policy, SamplingParams
 from heterorl.rollout import RolloutGroup
@@ -29,6 +31,7 @@ from heterorl.run.run_dir import prepare_run_dir
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
 from heterorl.transport.http.service import build_app
+from heterorl.transport.wire import decode_reply, encode_upload
 from heterorl.weights import WeightReceiver
 from heterorl.weights.envelope import EnvelopeError, decode_update, encode_update
 
@@ -60,7 +63,7 @@ def sample_groups(live: LiveLearner, model_dir: Path, n: int, seed: int = 1) -> 
     cfg = live.cfg
     params = SamplingParams.from_config(cfg.sampler)
     sampler = Sampler.from_policy(
-        "s", Policy.load(model_dir), make_task(cfg.task), params, cfg.sampler.group_size, seed
+        "sampler-0", Policy.load(model_dir), make_task(cfg.task), params, cfg.sampler.group_size, seed
     )
     sampler.load_weights(live.loop.learner.version, live.loop.learner.export_weights())
     return sampler.generate_groups(n)
@@ -81,6 +84,16 @@ def live(tmp_path: Path, tiny_model_dir: Path, varied_reward: str) -> Iterator[L
     live.loop.intake.journal.close()
 
 
+def upload(bodies: list[bytes], digests: list[str] | None = None, sampler: str = "sampler-0", seq: int = 0) -> bytes:
+    """One upload of `bodies` (with their digests, unless given) from a session of `sampler`."""
+    digests = digests if digests is not None else [body_digest(b) for b in bodies]
+    return encode_upload(Upload(sampler, "test", seq, version=0, groups=tuple(bodies), digests=tuple(digests)))
+
+
+async def answer(response) -> tuple[int, Reply]:
+    return response.status, decode_reply(await response.read())
+
+
 def _set(name: str, index: tuple[int, ...], value: float) -> Callable[[RolloutGroup], None]:
     def change(g: RolloutGroup) -> None:
         getattr(g, name)[index] = value
@@ -88,44 +101,56 @@ def _set(name: str, index: tuple[int, ...], value: float) -> Callable[[RolloutGr
     return change
 
 
-def test_every_rejection_has_its_status_is_counted_and_training_goes_on(live: LiveLearner, tiny_model_dir: Path):
+def test_every_refusal_has_its_status_is_counted_and_training_goes_on(live: LiveLearner, tiny_model_dir: Path):
     groups = sample_groups(live, tiny_model_dir, 6)
     good = [encode_group(g) for g in groups]
     vocab = live.loop.learner.policy.model.config.vocab_size
-    # (expected outcome, status, headers, body)
-    cases: list[tuple[str, int, dict[str, str], bytes]] = [
-        ("unauthorized", 401, {}, good[0]),
-        ("unauthorized", 401, {"Authorization": "Bearer wrong-token-wrong-token"}, good[0]),
-        ("unauthorized", 401, {"Authorization": TOKEN}, good[0]),  # no Bearer scheme
-        ("too_large", 413, AUTH, b"x" * 5000),
-        ("malformed", 400, AUTH, b"not a rollout group"),
-        ("malformed", 400, AUTH, good[0][:-3]),
-        ("corrupt", 400, {**AUTH, "X-Heterorl-Digest": body_digest(good[1])}, good[0]),
-        ("out_of_vocab", 422, AUTH, tampered(groups[0], _set("completion_ids_GL", (0, 0), vocab))),
-        ("bad_logprobs", 422, AUTH, tampered(groups[0], _set("behavior_logp_GL", (1, 0), float("nan")))),
-        ("bad_logprobs", 422, AUTH, tampered(groups[0], _set("behavior_logp_GL", (1, 0), float("inf")))),
-        ("future_version", 422, AUTH, tampered(groups[0], _set("version_GL", (0, 0), 7))),
-        ("bad_rewards", 422, AUTH, tampered(groups[0], _set("rewards_G", (0,), float("nan")))),
+    one = upload([good[0]])
+    # whole uploads refused: (expected reason, status, headers, body)
+    whole: list[tuple[str, int, dict[str, str], bytes]] = [
+        ("unauthorized", 401, {}, one),
+        ("unauthorized", 401, {"Authorization": "Bearer wrong-token-wrong-token"}, one),
+        ("unauthorized", 401, {"Authorization": TOKEN}, one),  # no Bearer scheme
+        ("too_large", 413, AUTH, b"x" * 9000),
+        ("malformed", 400, AUTH, b"not an upload"),
+        ("malformed", 400, AUTH, one[:-3]),
+        ("unknown_sampler", 403, AUTH, upload([good[0]], sampler="intruder")),
     ]
 
     def drop_row(g: RolloutGroup) -> None:
         for name in ("completion_ids_GL", "completion_mask_GL", "behavior_logp_GL", "version_GL", "rewards_G"):
             setattr(g, name, getattr(g, name)[1:])
 
-    cases.append(("group_size", 422, AUTH, tampered(groups[0], drop_row)))
+    other = copy.deepcopy(groups[0])
+    other.sampler_id, other.group_id = "sampler-1", "sampler-1:1"
+    # one bad group in an upload: (expected outcome, status, its bytes, its digest or None)
+    bad: list[tuple[str, int, bytes, str | None]] = [
+        ("corrupt", 400, good[0], body_digest(good[1])),
+        ("out_of_vocab", 422, tampered(groups[0], _set("completion_ids_GL", (0, 0), vocab)), None),
+        ("bad_logprobs", 422, tampered(groups[0], _set("behavior_logp_GL", (1, 0), float("nan"))), None),
+        ("bad_logprobs", 422, tampered(groups[0], _set("behavior_logp_GL", (1, 0), float("inf"))), None),
+        ("future_version", 422, tampered(groups[0], _set("version_GL", (0, 0), 7)), None),
+        ("bad_rewards", 422, tampered(groups[0], _set("rewards_G", (0,), float("nan"))), None),
+        ("group_size", 422, tampered(groups[0], drop_row), None),
+        ("invalid", 422, encode_group(other), None),  # a group of another sampler
+    ]
     trainer = threading.Thread(target=live.train, daemon=True)
 
     async def scenario() -> dict:
         async with TestClient(TestServer(build_app(live, TOKEN))) as client:
-            for outcome, status, headers, body in cases:
-                r = await client.post("/v1/rollouts", data=body, headers=headers)
-                assert (r.status, (await r.json())["outcome"]) == (status, outcome), outcome
+            for reason, status, headers, body in whole:
+                got = await answer(await client.post("/v1/exchange", data=body, headers=headers))
+                assert (got[0], got[1].refused) == (status, reason), reason
+            for seq, (outcome, status, body, digest) in enumerate(bad):
+                sent = upload([body], None if digest is None else [digest], seq=seq)
+                code, reply = await answer(await client.post("/v1/exchange", data=sent, headers=AUTH))
+                assert (code, reply.verdicts[0].outcome) == (status, outcome), outcome
 
             async def chunks():  # no Content-Length: the server's own size limit must catch it
-                for _ in range(3):
+                for _ in range(5):
                     yield b"y" * 2000
 
-            r = await client.post("/v1/rollouts", data=chunks(), headers=AUTH)
+            r = await client.post("/v1/exchange", data=chunks(), headers=AUTH)
             assert r.status == 413
             r = await client.get("/v1/weights")
             assert r.status == 401
@@ -133,13 +158,11 @@ def test_every_rejection_has_its_status_is_counted_and_training_goes_on(live: Li
             assert r.status == 400
 
             trainer.start()
-            for i, body in enumerate(good):
-                r = await client.post(
-                    "/v1/rollouts", data=body, headers={**AUTH, "X-Heterorl-Digest": body_digest(body)}
-                )
-                assert (r.status, (await r.json())["outcome"]) == (200, "accepted"), i
-            r = await client.post("/v1/rollouts", data=good[0], headers=AUTH)  # a retried POST
-            assert (r.status, (await r.json())["outcome"]) == (200, "duplicate")
+            code, reply = await answer(await client.post("/v1/exchange", data=upload(good, seq=100), headers=AUTH))
+            assert code == 200
+            assert [v.outcome for v in reply.verdicts] == ["accepted"] * 6
+            code, reply = await answer(await client.post("/v1/exchange", data=upload(good[:1], seq=100), headers=AUTH))
+            assert (code, reply.verdicts[0].outcome) == (200, "duplicate")  # a retried upload
             deadline = time.monotonic() + 30
             while live.loop.learner.version < 1 and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
@@ -147,10 +170,10 @@ def test_every_rejection_has_its_status_is_counted_and_training_goes_on(live: Li
             return await r.json()
 
     status = asyncio.run(scenario())
-    expected = {"unauthorized": 4, "too_large": 2, "malformed": 3, "corrupt": 1, "out_of_vocab": 1}
-    expected |= {"bad_logprobs": 2, "future_version": 1, "bad_rewards": 1, "group_size": 1}
+    expected = {"unauthorized": 4, "too_large": 2, "malformed": 3, "corrupt": 1, "out_of_vocab": 1, "invalid": 1}
+    expected |= {"bad_logprobs": 2, "future_version": 1, "bad_rewards": 1, "group_size": 1, "unknown_sampler": 1}
     assert status["rejected"] == expected
-    assert set(expected) <= set(REJECTION_STATUS)
+    assert set(expected) <= set(REASONS)
     assert status["steps"] >= 1
     assert status["accepted"] == 6
     assert status["duplicates"] == 1

@@ -173,7 +173,7 @@ def test_corrupted_update_is_reported_not_raised():
 
 
 class FailingCodec(PulseCodec):
-    def encode_patch(self, base, new, *, base_hash, versions):
+    def encode_patch(self, base, new, *, base_hash, versions, max_nbytes=None):
         raise RuntimeError("disk full")
 
 
@@ -337,3 +337,31 @@ def test_a_refused_update_never_touches_the_weights(codec):
     assert receiver.apply(good)
     assert (receiver.applied, receiver.version) == (1, 3)
     assert bits_equal(receiver.weights, bf16(versions[3]))
+
+
+@pytest.mark.parametrize("codec", ["pulse", "pulse-ctx"])
+def test_dense_steps_go_as_snapshots_without_coding_a_patch(codec):
+    """A version whose patch is estimated (from the diff's change counts) above patch_max_ratio x the last snapshot
+    is published as a snapshot, no patch coded; receivers still end bit-exact, sparse steps still get patches."""
+
+    store = WeightStore(make_codec(codec), wire_dtype=torch.bfloat16, snapshot_every=100, patch_max_ratio=0.5)
+    gen = torch.Generator().manual_seed(0)
+    v0 = {"w": torch.randn(256, 300, generator=gen) * 0.02, "b": torch.randn(300, generator=gen) * 0.02}
+    dense = {k: v + 0.01 * torch.randn(v.shape, generator=gen) for k, v in v0.items()}  # every element moves
+    sparse = {k: v.clone() for k, v in dense.items()}
+    sparse["w"][0, :10] += 0.5
+    receiver = WeightReceiver()
+    for version, weights in enumerate([v0, dense, sparse]):
+        published = store.publish(version, weights)
+        assert receiver.apply(store.update_for(*receiver.held()))
+        want = {k: v.bfloat16() for k, v in weights.items()}
+        assert all(np.array_equal(bits_view(receiver.weights[k]), bits_view(want[k])) for k in want)
+        if version == 1:
+            assert published.patch_skipped
+            assert published.patch_nbytes is None
+            assert published.snapshot_nbytes
+            assert published.changed > 0.9 * published.numel
+        if version == 2:
+            assert not published.patch_skipped
+            assert published.patch_nbytes
+            assert published.snapshot_nbytes is None

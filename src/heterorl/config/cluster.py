@@ -13,8 +13,19 @@ from heterorl.config.network import LinkConfig
 class SamplerNodeConfig(Strict):
     """One sampler machine of the cluster."""
 
-    name: str | None = Field(None, description="Identifier; defaults to sampler-<index>.")
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9._-]{1,128}$",
+        description="Identifier (A-Z a-z 0-9 . _ -); defaults to sampler-<index>.",
+    )
     tokens_per_second: float = Field(2000.0, gt=0.0, le=1e9, description="Generation speed (virtual time).")
+    start_delay_s: float = Field(
+        0.0,
+        ge=0.0,
+        le=86_400.0,
+        description="Seconds after the learner's start before this sampler starts (its imports and model build "
+        "live; the simulator starts it this late).",
+    )
     link: LinkConfig = Field(default_factory=LinkConfig, description="Its link to the learner.")
 
 
@@ -56,6 +67,38 @@ class ClusterConfig(Strict):
         "reference (the same bits; sizes and hashes still come from the real encode, settled in the background) "
         "instead of decoding the update's bytes; links with faults always carry bytes. False: every update is decoded.",
     )
+    lease_seconds: float = Field(
+        300.0,
+        gt=0.0,
+        le=86_400.0,
+        description="A sampler session not heard from for this long loses the admission slots it holds (their budget "
+        "comes back): a sampler that died, or groups lost on the way. Any request renews it (weight pulls included).",
+    )
+    max_slots_per_sampler: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Admission slots one sampler may hold at once (granted, group not arrived); None: its even share "
+        "of the capacity plus one chunk, so no sampler can take the whole budget.",
+    )
+    grant_retry_seconds: float = Field(
+        1.0, gt=0.0, le=600.0, description="A sampler granted fewer slots than it asked for asks again after this long."
+    )
+    uploads_in_flight: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Uploads a sampler keeps in flight at once (each answered with per-group verdicts): throughput is "
+        "then bound by generation or bandwidth, not by one round trip per upload.",
+    )
+    groups_per_upload: int = Field(8, ge=1, le=1024, description="Most groups a sampler sends in one upload.")
+    max_refusals_in_a_row: int = Field(
+        64,
+        ge=1,
+        le=1_000_000,
+        description="A sampler whose uploads or groups are refused this many times in a row for the same reason stops "
+        "with one line (a config that does not match the learner's, a revoked credential).",
+    )
     consume: Literal["oldest", "freshest"] = Field(
         "oldest",
         description="Which eligible groups a learner step takes first: the oldest (arrival order) or the freshest "
@@ -80,14 +123,36 @@ class WeightsConfig(Strict):
     retain: int = Field(64, ge=1, le=1_000_000, description="Versions kept in the store.")
     zstd_level: int = Field(1, ge=-7, le=22, description="zstd level of patch payloads.")
     overlap: bool = Field(True, description="Publish in a worker thread while the next learner step runs.")
+    codec_threads: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Threads that encode (learner) and decode (samplers) PULSE patches and snapshots, tensor by "
+        "tensor (the compiled kernels release the GIL); 1 keeps the codec on one core beside training.",
+    )
+    publish_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Linux: the background publish thread's nice value above the process's, so that training gets "
+        "a busy core first (0: same priority).",
+    )
+    patch_max_ratio: float = Field(
+        0.9,
+        gt=0.0,
+        le=10.0,
+        description="Send a version as a snapshot, without coding a patch, when the patch's size estimated from the "
+        "diff scan's change counts exceeds this share of the last snapshot's size (dense steps).",
+    )
 
 
 # --- live cluster
 class LiveConfig(Strict):
     """The live cluster: the learner's HTTP service, the sampler clients, durability and the local launcher.
 
-    Only `heterorl learner`, `heterorl sampler` and `heterorl run --live` read this section; the simulated
-    cluster ignores it. Defaults suit a learner and samplers on one host or a LAN; see docs/deployment.md.
+    `heterorl learner`, `heterorl sampler` and `heterorl run --live` read this section; the simulator reads the
+    client's timing (poll_seconds, dead_after_s, backoff, patience_s) to play the same conversation in virtual
+    time. Defaults suit a learner and samplers on one host or a LAN; see docs/deployment.md.
     """
 
     token_env: str = Field(
@@ -128,7 +193,24 @@ class LiveConfig(Strict):
     )
     fsync: bool = Field(True, description="fsync every journaled group before acknowledging it (power-loss safety).")
     emulate_links: bool = Field(
-        False, description="Samplers apply their node's link delays, bandwidth and faults for real (experiments)."
+        False,
+        description="Samplers delay and perturb their own messages by their node's link (in the application: "
+        "delays, bandwidth, message faults; no TCP). For tests and experiments; `wan_lab` shapes real TCP.",
+    )
+    wan_lab: bool = Field(
+        False,
+        description="run --live: the learner and each sampler in their own network namespace, each sampler's link "
+        "shaped for real on its TCP connections (delays, rates, loss, reordering, cuts; docs/wan-lab.md; root).",
+    )
+    wan_lab_port: int = Field(
+        8470, ge=1, le=65535, description="run --live with wan_lab: the learner's port in the lab."
+    )
+    dead_after_s: float = Field(
+        10.0,
+        gt=0.0,
+        le=3600.0,
+        description="Sampler: a request with no answer for this long (or 3 round trips, if longer) is retried and the "
+        "link reported down; it is reported up again at the next answer. The simulator models the same client.",
     )
     request_timeout_s: float = Field(
         120.0, gt=0.0, le=3600.0, description="Sampler: timeout of one request (a long-poll adds poll_seconds)."
@@ -146,6 +228,12 @@ class LiveConfig(Strict):
     startup_timeout_s: float = Field(
         600.0, gt=0.0, le=86_400.0, description="run --live: longest wait for the learner to start listening."
     )
+
+    @model_validator(mode="after")
+    def _one_way_to_shape(self) -> LiveConfig:
+        if self.emulate_links and self.wan_lab:
+            raise ValueError("emulate_links and wan_lab both shape the links: choose one")
+        return self
 
     @model_validator(mode="after")
     def _backoff_order(self) -> LiveConfig:

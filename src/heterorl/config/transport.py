@@ -60,16 +60,20 @@ class StoreConfig(Strict):
     )
     session_token_env: str | None = Field(None, pattern=_ENV, description="Variable holding a session token.")
     poll_seconds: float = Field(
-        2.0, gt=0.0, le=600.0, description="Sampler: manifest and receipt polls; learner: rollout listings."
+        2.0,
+        gt=0.0,
+        le=600.0,
+        description="Longest wait between two looks at the store while nothing is there (manifest, replies, uploads); "
+        "after something was found the next look is at once, then waits double from first_poll_seconds.",
+    )
+    first_poll_seconds: float = Field(
+        0.05, gt=0.0, le=600.0, description="The first wait of a quiet spell between two looks at the store."
     )
     retention_seconds: float = Field(
         600.0, ge=0.0, le=604_800.0, description="Objects dropped from the manifest stay this long (slow readers)."
     )
     merged_patches: bool = Field(
         True, description="Also upload power-of-two merged patches, so a far-behind sampler downloads few objects."
-    )
-    max_pending_groups: int = Field(
-        16, ge=1, le=100_000, description="Sampler: uploaded groups the learner has not consumed before it waits."
     )
     max_manifest_bytes: int = Field(
         2**20, ge=4096, le=2**28, description="Largest manifest a sampler reads (anything larger is refused)."

@@ -1,8 +1,9 @@
-"""`heterorl learner`: the learner loop driven on the wall clock, serving a live cluster over HTTP.
+"""`heterorl learner`: the learner loop driven on the wall clock, serving a live cluster.
 
-A training thread runs the loop's steps back to back (take -> train -> commit, `heterorl.loop.learner_loop`)
-while the HTTP service (`heterorl.transport.http.service`) feeds the same loop: samplers pull the store's
-updates, push groups into `loop.offer`, and ask `loop.admit` before generating when `cluster.eta` is set.
+The process: a training thread runs the loop's steps back to back (take -> train -> commit,
+`heterorl.loop.learner_loop`) while the transports' learner sides feed the same loop -- the HTTP service
+(`heterorl.transport.http.service`: weight pulls, uploads through `LearnerLoop.exchange`) and, when configured,
+the object store's thread. Signals, the run directory, durability and the end of the run are this module's.
 
 The run directory is the simulated mode's (config.yaml, metrics.jsonl, summary.json, checkpoint/) plus `live/`:
 `learner.json` (the URL it listens on, for launchers), `state/` (durable learner states), `journal/` (accepted
@@ -20,10 +21,12 @@ import fcntl
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,7 +59,7 @@ from heterorl.run.build import (
 from heterorl.run.recorder import RunRecorder
 from heterorl.run.run_dir import RunDirError, holds_run, new_run_dir, prepare_run_dir
 from heterorl.transport.http.auth import configured_token, new_token
-from heterorl.transport.http.service import serve_app
+from heterorl.transport.http.service import start_service
 
 TAKE_POLL_S = 0.5  # how often a waiting training thread re-checks for a stop request
 PERSIST_MAX_WAIT_S = 30.0  # longest wait between two tries of a write the disk refused
@@ -80,6 +83,9 @@ class LiveLearner:
         self.marked = read_version_mark(self.served_mark)
         loop.publisher.on_published.append(self._published)
         loop.before_publish = self._mark_served
+        loop.on_refusal = lambda sampler, reason, detail: events.emit(
+            "refused", sampler=sampler, reason=reason, detail=detail
+        )
 
     def _mark_served(self, version: int) -> None:
         """Before a version can be served, make it durable that it was: a learner resumed at an older state then
@@ -186,6 +192,7 @@ class LiveLearner:
             "elapsed_s": round(loop.now(), 3),
             "resumes": loop.resumes,
             "skipped_steps": loop.skipped_steps,
+            "admission": loop.admission_summary()["samplers"],
         }
 
 
@@ -349,7 +356,7 @@ def serve_learner(
             if store is not None:
                 store.start()
             try:
-                asyncio.run(serve_app(live, token, host, port, address))
+                asyncio.run(_serve(live, token, host, port, address))
             finally:
                 if store is not None:
                     store.close()  # after the last version's upload and the `finished` marker
@@ -363,3 +370,39 @@ def serve_learner(
     summary = {**live.summary, "wall_seconds": time.monotonic() - wall_start}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+async def _serve(live: LiveLearner, token: str, host: str, port: int, address_file: Path) -> None:
+    """Serve until the training thread returns (done, or stopped by SIGTERM/SIGINT; SIGUSR1 finishes early); the
+    URL goes to `address_file`. After the last step, answer until every sampler was told, at most `linger_s`."""
+    runner, url = await start_service(live, token, host, port)
+    loop = asyncio.get_running_loop()
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
+    try:
+        tmp = address_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+        tmp.replace(address_file)
+        live.events.emit("listening", url=url, version=live.loop.learner.version)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, live.request_stop)
+        loop.add_signal_handler(signal.SIGUSR1, live.request_finish)
+        await loop.run_in_executor(pool, live.train)
+        if live.finished:
+            await _linger(live)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+            loop.remove_signal_handler(sig)
+        live.request_stop()
+        pool.shutdown(wait=True)
+        await runner.cleanup()
+
+
+async def _linger(live: LiveLearner) -> None:
+    """After the last step, answer until every sampler of the run has been told (410), at most `linger_s`. Every
+    configured one, not only those heard from lately: after a resume the run may end before a sampler retrying in
+    its backoff has reconnected, and it would then retry until `patience_s`."""
+    deadline = time.monotonic() + live.cfg.live.linger_s
+    while time.monotonic() < deadline:
+        if live.loop.peers.names <= live.told_finished:
+            return
+        await asyncio.sleep(0.05)

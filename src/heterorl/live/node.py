@@ -1,18 +1,24 @@
 """Process entry point used by `run --live` and the tests: `python -m heterorl.live.node learner|sampler ...`.
 
 People use `heterorl learner` / `heterorl sampler`; this launcher starts the same functions without the CLI
-layer, so the local launcher depends only on this package. The token comes from the environment as usual.
+layer, so the local launcher depends only on this package. The token comes from the environment as usual. A node
+started this way dies with its parent (`heterorl.process.die_with_parent`): no learner or sampler outlives `run
+--live`, however it ends.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 from heterorl.config import load_config
+from heterorl.process import die_with_parent
+
+PARENT_ENV = "HETERORL_PARENT_PID"  # set by the launcher: a child whose parent is gone at start exits
 
 
 def wait_for_url_file(path: Path, timeout_s: float) -> str:
@@ -41,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--connect-file", help="Wait for the learner to write its URL into this file (JSON).")
     sampler.add_argument("--index", type=int, default=0)
     args = parser.parse_args(argv)
+    die_with_parent(int(os.environ[PARENT_ENV]) if os.environ.get(PARENT_ENV, "").isdigit() else None)
     cfg = load_config(args.config)
     if args.role == "learner":
         from heterorl.live.learner_node import serve_learner

@@ -1,10 +1,9 @@
 """Which transports a live process uses, from `transport:` in the config: the learner's HTTP service, an object
 store, or a mix (docs/deployment.md).
 
-The learner always serves HTTP: status, and admission when `cluster.eta` is set (admission is a conversation a
-store cannot carry); with weights and rollouts through the store it needs no inbound connection from samplers,
-and samplers need its URL only when something travels over HTTP or `cluster.eta` is set. A store-only sampler
-learns that the run is over from the store's `finished` marker.
+The learner always serves HTTP (status; and the conversation when something travels over HTTP). With weights and
+rollouts through the store it needs no inbound connection from samplers: admission travels in the store's replies
+like everything else, and a store-only sampler learns that the run is over from the store's `finished` marker.
 """
 
 from __future__ import annotations
@@ -13,19 +12,23 @@ import random
 import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from heterorl.config import RunConfig
 from heterorl.eventlog import EventLog
 from heterorl.live.preflight import LiveSetupError
-from heterorl.transport.base import SamplerTransport
-from heterorl.transport.http.client import Backoff, LearnerClient
-from heterorl.transport.http.sink import HttpRolloutSink
+from heterorl.loop.session import SamplerSession
+from heterorl.loop.worker import SamplerWorker
+from heterorl.run.build import sampler_seed
+from heterorl.transport.backoff import Backoff
+from heterorl.transport.base import SamplerSide, Split
+from heterorl.transport.emulation import EmulatedSide
+from heterorl.transport.http.client import LearnerClient
+from heterorl.transport.http.sampler import HttpSamplerSide
 from heterorl.transport.store.learner import StoreLearnerSide
-from heterorl.transport.store.manifest import MANIFEST_KEY, ROLLOUTS, SAMPLERS
+from heterorl.transport.store.manifest import MANIFEST_KEY, SAMPLERS, UPLOADS
 from heterorl.transport.store.objects import StoreSetupError, open_store
-from heterorl.transport.store.sink import StoreRolloutSink
-from heterorl.transport.store.source import StoreWeightSource
+from heterorl.transport.store.sampler import StoreSamplerSide
 from heterorl.weights import merge_patches
 
 if TYPE_CHECKING:
@@ -41,8 +44,6 @@ def sampler_needs_http(cfg: RunConfig) -> str | None:
         return "transport.weights is http"
     if t.rollouts == "http":
         return "transport.rollouts is http"
-    if cfg.cluster.mode == "async" and cfg.cluster.eta is not None:
-        return "cluster.eta needs the learner's admission service"
     return None
 
 
@@ -87,59 +88,50 @@ def open_learner_store(live: LiveLearner, resume: bool) -> StoreLearnerSide | No
 
 
 @asynccontextmanager
-async def sampler_transport(
-    cfg: RunConfig, name: str, url: str | None, token: str | None, seed: int, events: EventLog, boot: str
-) -> AsyncIterator[SamplerTransport]:
-    """The sampler's weight source, rollout sink and admission gate, as configured (closed on exit)."""
-    t = cfg.transport
+async def open_sampler_side(
+    cfg: RunConfig,
+    worker: SamplerWorker,
+    url: str | None,
+    token: str | None,
+    session_id: str,
+    events: EventLog,
+    session: SamplerSession,
+) -> AsyncIterator[tuple[SamplerSide, dict[str, Any] | None]]:
+    """The sampler's transport as configured, and the learner's status when it is reachable over HTTP (None
+    otherwise); closed on exit."""
+    t, name, seed = cfg.transport, worker.name, sampler_seed(cfg.seed, worker.index)
+    reports = lambda: (session.idle, worker.failed)  # noqa: E731
     client = None
     if url is not None and token is not None:
-        client = LearnerClient(url, token, cfg.live, name, random.Random(seed), events)
-    objects = None
+        client = LearnerClient(url, token, cfg.live, name, session_id, random.Random(seed), events)
+    store_side = None
     if t.uses_store:
-        check_transport_config(cfg)
         objects = open_store(t.store)
-        probe = f"{SAMPLERS}{name}.probe"
         try:
-            objects.check(f"{ROLLOUTS}{name}/" if t.rollouts == "store" else SAMPLERS, probe)
+            objects.check(f"{UPLOADS}{name}/" if t.rollouts == "store" else SAMPLERS, f"{SAMPLERS}{name}.probe")
         except StoreSetupError as err:
             raise LiveSetupError(str(err)) from None
-    backoff = Backoff(cfg.live.backoff_initial_s, cfg.live.backoff_max_s, random.Random(seed + 2))
-    level = cfg.weights.zstd_level
-    sink = None
+        backoff = Backoff(cfg.live.backoff_initial_s, cfg.live.backoff_max_s, random.Random(seed + 2))
+        level = cfg.weights.zstd_level
+        merge = lambda patches: merge_patches(patches, level=level)  # noqa: E731
+        store_side = StoreSamplerSide(objects, t.store, cfg.live, name, session_id, backoff, events, merge, reports)
+    status = None
     try:
+        http_side = None
         if client is not None:
             await client.__aenter__()
-        if t.weights == "store":
-            assert objects is not None
-            merge = lambda patches: merge_patches(patches, level=level)  # noqa: E731
-            weights = StoreWeightSource(objects, t.store, cfg.live, name, backoff, events, merge)
-        else:
-            weights = _need(client, "transport.weights is http")
-        if t.rollouts == "store":
-            assert objects is not None
-            sink = StoreRolloutSink(objects, t.store, cfg.live, name, boot, backoff, events)
-            rollouts = sink
-        else:
-            rollouts = HttpRolloutSink(_need(client, "transport.rollouts is http"))
-        admission = client  # backpressure (`cluster.max_queued_steps`) goes through it when the learner is reachable
-        if cfg.cluster.mode == "async" and cfg.cluster.eta is not None:
-            admission = _need(client, "cluster.eta needs the learner's admission service")
-        yield SamplerTransport(weights, rollouts, admission)
+            status = await client.status()
+            http_side = HttpSamplerSide(client, reports)
+        uploads = http_side if t.rollouts == "http" else store_side
+        weights = http_side if t.weights == "http" else store_side
+        assert uploads is not None, "sampler_needs_http checked the URL"
+        assert weights is not None, "sampler_needs_http checked the URL"
+        side: SamplerSide = uploads if uploads is weights else Split(uploads=uploads, weights=weights)
+        if cfg.live.emulate_links:
+            side = EmulatedSide(side, cfg.cluster.samplers[worker.index].link, cfg.seed, worker.index, cfg.live)
+        yield side, status
     finally:
-        if sink is not None:
-            await sink.close()
+        if store_side is not None:
+            store_side.close()
         if client is not None:
             await client.__aexit__(None, None, None)
-
-
-def _need(client: LearnerClient | None, why: str) -> LearnerClient:
-    if client is None:
-        raise LiveSetupError(f"the sampler needs the learner's URL (--connect) because {why}")
-    return client
-
-
-def store_counts(transport: SamplerTransport) -> dict[str, dict[str, int]]:
-    """The store faults and verdicts a sampler counted ({} without a store)."""
-    parts = (("weights", transport.weights), ("rollouts", transport.rollouts))
-    return {role: dict(part.counts) for role, part in parts if isinstance(part, StoreWeightSource | StoreRolloutSink)}

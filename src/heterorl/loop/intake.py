@@ -1,31 +1,36 @@
 """The learner's intake of rollout groups from the network: decode, validate, deduplicate, journal, queue.
 
-Every POSTed body ends in exactly one outcome, counted by name: accepted (200), duplicate (200, not queued
-again: a sampler retrying a POST whose answer it lost must not make the learner train twice on one group),
-filtered (200, with `learner.dynamic_sampling` a group whose rewards are all equal: valid but uninformative, so the
-sampler generates another), busy (503, the queue is full: the sampler retries later), finished (410), or a
-rejection with its reason:
+Every group that arrives ends in exactly one outcome, counted by name: accepted, duplicate (not queued again: a
+sampler retrying an upload whose answer it lost must not make the learner train twice on one group), filtered
+(with `learner.dynamic_sampling` a group whose rewards are all equal: valid but uninformative, so the sampler
+generates another), busy (the queue is full: the sampler sends it again later), finished, or a rejection with its
+reason:
 
-| reason | status | meaning |
-| --- | --- | --- |
-| unauthorized | 401 | missing or wrong bearer token (counted by the service, before any body is read) |
-| too_large | 413 | body over `live.max_body_bytes` |
-| corrupt | 400 | the body's xxh3-128 differs from the `X-Heterorl-Digest` header the sampler sent |
-| malformed | 400 | not a rollout message: framing, header JSON, array sizes |
-| too_long | 422 | completion over `sampler.max_new_tokens`, or prompt + completion over the model's context |
-| out_of_vocab | 422 | a token id outside the learner's vocabulary |
-| bad_logprobs | 422 | a behaviour log-prob that is not finite or is > 0 |
-| future_version | 422 | a token version newer than the newest published one (or negative) |
-| group_size | 422 | not `sampler.group_size` completions |
-| prompt_mismatch | 422 | prompt ids other than the learner's tokenization of the prompt (tokenizer, chat template) |
-| bad_rewards | 422 | a non-finite reward |
-| invalid | 422 | any other content check (empty prompt, over-long group id) |
-| bad_http | 400 | not an HTTP request the server can parse (request line, headers, Content-Length, chunking) |
-| timeout | 408 | a request head or body not received in time (`live.header_timeout_s`, `live.body_timeout_s`) |
-| too_many_connections | 503 | a connection beyond `live.max_connections` (refused at once) |
-| disk_full | 507 | the journal could not store the group (disk full or failing): retry later, nothing was kept |
-| id_conflict | 409 | a group id already used by a group with other content (a retried POST sends the same bytes) |
-| internal_error | 500 | a bug in a handler of the learner (counted, logged in one line: no traceback per request) |
+| reason | meaning |
+| --- | --- |
+| unauthorized | missing or wrong credential (counted by the transport, before any body is read) |
+| unknown_sampler | a sampler name that is not one of `cluster.samplers` |
+| too_large | upload over `live.max_body_bytes` |
+| corrupt | the group's xxh3-128 differs from the digest the sampler sent with it |
+| malformed | not a rollout message (framing, header JSON, array sizes), or an upload that does not parse |
+| too_long | completion over `sampler.max_new_tokens`, or prompt + completion over the model's context |
+| out_of_vocab | a token id outside the learner's vocabulary |
+| bad_logprobs | a behaviour log-prob that is not finite or is > 0 |
+| future_version | a token version newer than the newest published (or negative); a claimed version never published |
+| group_size | not `sampler.group_size` completions |
+| prompt_mismatch | prompt ids other than the learner's tokenization of the prompt (tokenizer, chat template) |
+| bad_rewards | a non-finite reward |
+| invalid | any other content check (empty prompt, over-long group id, a group from another sampler) |
+| bad_http | not a request the transport can parse (request line, headers, Content-Length, chunking) |
+| timeout | a request head or body not received in time (`live.header_timeout_s`, `live.body_timeout_s`) |
+| too_many_connections | a connection beyond `live.max_connections` (refused at once) |
+| disk_full | the journal could not store the group (disk full or failing): retry later, nothing was kept |
+| id_conflict | a group id already used by a group with other content (a retried upload sends the same bytes) |
+| internal_error | a bug in a handler of the learner (counted, logged in one line: no traceback per request) |
+| config_mismatch | an upload from a sampler whose config differs from the learner's in a setting they must share |
+| not_regular | a store entry where an upload belongs that is not a regular file (FIFO, socket, device, symlink) |
+
+The transports map reasons to their own codes (HTTP statuses: `transport/http/status.py`).
 
 The digest header is optional (a hand-made request may omit it); samplers always send it.
 A group is acknowledged only after it is in the journal (durable) and in the buffer (in memory), both under
@@ -50,26 +55,29 @@ from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits, RolloutError, decode_group
 from heterorl.sampler import VERDICT_INFO
 
-REJECTION_STATUS = {
-    "unauthorized": 401,
-    "too_large": 413,
-    "corrupt": 400,
-    "malformed": 400,
-    "too_long": 422,
-    "out_of_vocab": 422,
-    "bad_logprobs": 422,
-    "future_version": 422,
-    "group_size": 422,
-    "prompt_mismatch": 422,
-    "bad_rewards": 422,
-    "invalid": 422,
-    "bad_http": 400,
-    "timeout": 408,
-    "too_many_connections": 503,
-    "id_conflict": 409,
-    "disk_full": 507,
-    "internal_error": 500,
-}
+REASONS = (
+    "unauthorized",
+    "unknown_sampler",
+    "too_large",
+    "corrupt",
+    "malformed",
+    "too_long",
+    "out_of_vocab",
+    "bad_logprobs",
+    "future_version",
+    "group_size",
+    "prompt_mismatch",
+    "bad_rewards",
+    "invalid",
+    "bad_http",
+    "timeout",
+    "too_many_connections",
+    "disk_full",
+    "id_conflict",
+    "internal_error",
+    "not_regular",
+    "config_mismatch",
+)
 MAX_GROUP_ID_CHARS = 200
 KNOWN_INFO = frozenset(FRICTION_KINDS) | frozenset(VERDICT_INFO)  # what samplers count in `RolloutGroup.info`
 ACKED = ("accepted", "duplicate")  # outcomes after which the group is the learner's
@@ -89,10 +97,9 @@ def rejection_reason(err: RolloutError) -> str:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The outcome of one POSTed group: HTTP status, outcome name, and what to tell the sampler."""
+    """The outcome of one group: its name, and what to tell the sampler."""
 
-    status: int
-    outcome: str  # accepted | duplicate | busy | finished | a rejection reason
+    outcome: str  # accepted | duplicate | filtered | busy | finished | a rejection reason
     group_id: str | None = None
     detail: str = ""
 
@@ -150,16 +157,19 @@ class Intake:
         """Count a rejection and build its verdict (the service calls this for 401 and 413 itself)."""
         with self.cond:
             self.counters.rejected[reason] += 1
-        return Verdict(REJECTION_STATUS[reason], reason, detail=detail)
+        return Verdict(reason, detail=detail)
 
     def count_busy(self) -> None:
         """Count a POST turned away before it was read (the service's upload limit), like a full queue."""
         with self.cond:
             self.counters.busy += 1
 
-    def accept(self, body: bytes, current_version: int, digest: str | None = None) -> Verdict:
-        """Check `digest` (when sent), decode and validate one message; journal and queue it unless it is a
-        duplicate (or the queue is full)."""
+    def accept(
+        self, body: bytes, current_version: int, digest: str | None = None, sender: str | None = None
+    ) -> Verdict:
+        """Check `digest` (when sent), decode and validate one message (from `sender`, when known: a sampler posts
+        only its own groups, under ids it owns); journal and queue it unless it is a duplicate (or the queue is
+        full)."""
         if digest is not None and digest != body_digest(body):
             return self.reject("corrupt", "body does not match its digest")
         try:
@@ -168,6 +178,8 @@ class Intake:
             return self.reject(rejection_reason(err), str(err))
         if not 0 < len(group.group_id) <= MAX_GROUP_ID_CHARS or len(group.sampler_id) > MAX_GROUP_ID_CHARS:
             return self.reject("invalid", f"group and sampler ids must have 1 to {MAX_GROUP_ID_CHARS} characters")
+        if sender is not None and (group.sampler_id != sender or not group.group_id.startswith(f"{sender}:")):
+            return self.reject("invalid", f"a group of {group.sampler_id[:64]!r} sent by {sender[:64]!r}")
         if not set(group.info) <= KNOWN_INFO:
             return self.reject("invalid", f"info keys {sorted(set(group.info) - KNOWN_INFO)[:4]} are not counts")
         if self.prompt_ids is not None and self.prompt_ids(group.prompt) != group.prompt_ids_P.tolist():
@@ -175,7 +187,7 @@ class Intake:
         gid = group.group_id
         with self.cond:
             if self.finished:
-                return Verdict(410, "finished", gid, "the run is finished")
+                return Verdict("finished", gid, "the run is finished")
             if gid in self.payloads or gid in self.consumed:
                 if gid in self.payloads:
                     same = self.payloads[gid] == body
@@ -183,21 +195,21 @@ class Intake:
                     same = self.consumed[gid] in ("", digest or body_digest(body))
                 if not same:
                     self.counters.rejected["id_conflict"] += 1
-                    return Verdict(409, "id_conflict", gid, "this group id was acknowledged with other content")
+                    return Verdict("id_conflict", gid, "this group id was acknowledged with other content")
                 self.counters.duplicates += 1
-                return Verdict(200, "duplicate", gid)
+                return Verdict("duplicate", gid)
             if self.filter_uniform and bool((group.rewards_G == group.rewards_G[0]).all()):
                 self.counters.filtered += 1
-                return Verdict(200, "filtered", gid, "all rewards equal (dynamic sampling)")
+                return Verdict("filtered", gid, "all rewards equal (dynamic sampling)")
             if len(self.buffer) >= self.max_queued:
                 self.counters.busy += 1
-                return Verdict(503, "busy", gid, f"{len(self.buffer)} groups queued")
+                return Verdict("busy", gid, f"{len(self.buffer)} groups queued")
             if self.journal is not None:
                 try:
                     self.journal.append(body)  # durable before it is acknowledged
                 except OSError as err:  # disk full or failing: not durable, so not acknowledged (no trace left)
                     self.counters.rejected["disk_full"] += 1
-                    return Verdict(507, "disk_full", gid, f"the learner cannot store it now: {err.strerror}")
+                    return Verdict("disk_full", gid, f"the learner cannot store it now: {err.strerror}")
                 failpoints.hit("journal.appended")  # durable, not yet acknowledged
             self.buffer.add(group)
             self.payloads[gid] = body
@@ -205,7 +217,7 @@ class Intake:
             self.counters.tokens += group.num_tokens
             self.counters.info.update(group.info)
             self.cond.notify_all()
-        return Verdict(200, "accepted", gid)
+        return Verdict("accepted", gid)
 
     # ---------------------------------------------------------------- learner side
     def take(self, n: int, learner_version: int, timeout: float) -> tuple[list[RolloutGroup], dict[str, float]] | None:
@@ -276,5 +288,5 @@ class Intake:
                 "net/busy_total": float(c.busy),
                 "net/queue": float(len(self.buffer)),
             }
-            out.update({f"net/rejected_{r}": float(c.rejected[r]) for r in REJECTION_STATUS})
+            out.update({f"net/rejected_{r}": float(c.rejected[r]) for r in REASONS})
         return out

@@ -7,8 +7,9 @@ A learner step, as named calls a driver makes in this order:
     record = loop.commit(result)  publish the new version -> record the step -> evaluate / checkpoint
 
 The simulated driver lets virtual time pass between `train` and `commit` (the step's modelled cost); the live
-driver calls them back to back on the wall clock. Groups come in through `offer` (decode, validate, de-duplicate,
-journal, queue: `Intake`), generation budgets through `admit` (AReaL's rule), whatever the transport.
+driver calls them back to back on the wall clock. Sampler sessions talk to it through `exchange`
+(`loop.protocol`): each upload's groups go through the intake (decode, validate, de-duplicate, journal, queue),
+its admission request through `Admission` (AReaL's capacity, partial grants, leases), whatever the transport.
 Publishing runs in a worker thread (`BackgroundPublisher`), so it overlaps the next step; a record describes the
 newest *complete* publication (the previous version's), which keeps records identical under every clock.
 
@@ -20,6 +21,8 @@ move on. `learner/skipped_steps` counts such steps; `learner.max_skipped_steps` 
 
 from __future__ import annotations
 
+import math
+import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -31,15 +34,18 @@ import torch
 
 from heterorl import failpoints
 from heterorl.config import RunConfig
+from heterorl.config.fingerprint import differences, fingerprint
 from heterorl.durable.journal import Journal
 from heterorl.durable.state import SavedState, save_learner_state
 from heterorl.frictions import KINDS as FRICTION_KINDS
 from heterorl.frictions import frictions_active
 from heterorl.learner import Learner
-from heterorl.loop.intake import ACKED, RETRIED, Intake, IntakeCounters, Verdict
+from heterorl.loop.admission import Admission
+from heterorl.loop.intake import Intake, IntakeCounters, Verdict
 from heterorl.loop.peers import Peers
+from heterorl.loop.protocol import GroupVerdict, Reply, Upload
 from heterorl.loop.publisher import BackgroundPublisher, WeightTraffic
-from heterorl.loop.staleness import Admission, RolloutBuffer, staleness_window
+from heterorl.loop.staleness import RolloutBuffer, staleness_window
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits
 from heterorl.run.build import node_name
@@ -47,6 +53,25 @@ from heterorl.run.checkpoints import CheckpointPolicy
 from heterorl.run.recorder import RunRecorder
 from heterorl.sampler import VERDICT_INFO
 from heterorl.weights import Published
+
+FOLLOW_UPS = ("duplicate", "busy", "finished")  # answers to a group that is not its first arrival at the intake
+
+
+def per_sampler_slots(cfg: RunConfig) -> int | None:
+    """The fairness bound of admission: `cluster.max_slots_per_sampler`, or by default a sampler's even share of
+    the capacity plus one chunk (so one fast sampler can run ahead a little), and with several samplers never so
+    much that the others could not fill a batch while one holds all it may (capacity - B, when there is room)."""
+    cc, B = cfg.cluster, cfg.learner.groups_per_step
+    if cc.max_slots_per_sampler is not None:
+        return cc.max_slots_per_sampler
+    caps = [k * B for k in (cc.max_queued_steps, None if cc.eta is None else cc.eta + 1) if k is not None]
+    if not caps:
+        return None
+    capacity, n = min(caps), len(cc.samplers)
+    if n == 1:
+        return capacity
+    share = math.ceil(capacity / n) + math.ceil(B / n)
+    return max(1, min(share, capacity - B if capacity > B else capacity - 1))
 
 
 class TrainingDivergedError(RuntimeError):
@@ -111,7 +136,10 @@ class LearnerLoop:
             prompt_ids=text.prompt_ids,
             filter_uniform=cfg.learner.dynamic_sampling,
         )
-        self.admission = Admission(eta, self.B, queued)
+        self.admission = Admission(eta, self.B, queued, per_sampler_slots(cfg), cc.lease_seconds)
+        self.boot = secrets.token_hex(6)  # this learner process: a sampler that sees another one resets its slots
+        self.fingerprint = fingerprint(cfg)  # what a sampler's config must agree on (`config.fingerprint`)
+        self.on_refusal: Callable[[str, str, str], None] | None = None  # the driver's log of refused uploads
         self.published_version = -1  # the newest version handed to the publisher
         self.served_ceiling = -1  # the newest version an earlier life of this learner may have served (resume)
         self.before_publish: Callable[[int], None] | None = None  # the driver's hook (a durable mark)
@@ -161,23 +189,83 @@ class LearnerLoop:
         self.publisher.submit(self.learner.version, self.published_weights)
         self.published_version = self.learner.version
 
-    def offer(self, body: bytes, digest: str | None = None) -> Verdict:
-        """One encoded group from a sampler: accepted, duplicate, busy, finished, or rejected with its reason.
-        A rejected group will never arrive, so its admission budget is given back. After a resume, versions an
-        earlier life served are not from the future: the learner is about to reproduce them."""
-        verdict = self.intake.accept(body, max(self.published_version, self.served_ceiling), digest)
-        if verdict.outcome not in ACKED + RETRIED:
-            with self.intake.cond:
-                self.admission.release(1)
-        return verdict
+    def offer(self, body: bytes, digest: str | None = None, sender: str | None = None) -> Verdict:
+        """One encoded group: accepted, duplicate, filtered, busy, finished, or rejected with its reason. `sender`
+        (the uploading sampler) must be the group's sampler and prefix its id. After a resume, versions an earlier
+        life served are not from the future: the learner is about to reproduce them."""
+        return self.intake.accept(body, max(self.published_version, self.served_ceiling), digest, sender)
 
-    def admit(self, n: int, version: int) -> bool:
-        """May a sampler holding `version` start generating n groups now? (AReaL's rule; always in sync mode)"""
+    def exchange(self, upload: Upload) -> Reply:
+        """One upload of a sampler session (`loop.protocol`): its groups through the intake, what it gives back,
+        its admission request; the reply. Safe to call from several threads."""
+        now = self.now()
+        key = upload.key
+        if upload.sampler not in self.peers.names:
+            return self._refuse(upload, "unknown_sampler", f"{upload.sampler[:64]!r} is not in cluster.samplers")
+        differ = differences(self.fingerprint, upload.fingerprint)
+        if differ:
+            shown = ", ".join(differ[:6]) + (f" and {len(differ) - 6} more" if len(differ) > 6 else "")
+            return self._refuse(upload, "config_mismatch", f"settings differ from the learner's: {shown}")
+        published = max(self.published_version, self.served_ceiling)
+        if upload.version > published:
+            return self._refuse(upload, "future_version", f"claims version {upload.version} > {published}")
+        self.peers.heard(
+            upload.sampler, upload.version if upload.version >= 0 else None, upload.idle, upload.weights_failed
+        )
+        verdicts = []
+        for body, digest in zip(upload.groups, upload.digests, strict=True):
+            verdict = self.offer(body, digest, upload.sampler)
+            if verdict.outcome not in FOLLOW_UPS:  # the group's first arrival: it settles one of the session's slots
+                with self.intake.cond:
+                    self.admission.arrived(key, verdict.outcome == "accepted", now)
+            verdicts.append(GroupVerdict(verdict.outcome, verdict.group_id, verdict.detail))
         with self.intake.cond:
-            return self.admission.try_start(n, version, self.intake.buffer.dropped)
+            self.admission.give_back(key, upload.returned, now)
+            self.admission.expire(now)
+            if not self.admission.enabled:  # nothing to bound: everything asked for is granted
+                lease = self.admission.lease(key, now)
+                lease.granted = max(lease.granted, upload.wanted)
+            elif upload.version >= 0:
+                lease = self.admission.grant(key, upload.wanted, upload.version, now, self.intake.buffer.dropped)
+            else:  # no weights yet: nothing to generate with, nothing granted
+                lease = self.admission.lease(key, now)
+            short = lease.granted < upload.wanted
+        later = any(v.outcome in ("busy", "disk_full") for v in verdicts)  # sent again: after a wait
+        fields = {"verdicts": tuple(verdicts), "granted": lease.granted, "voided": lease.voided}
+        return self._reply(upload, short=short or later, **fields)
+
+    def heard(
+        self,
+        sampler: str,
+        session: str | None = None,
+        version: int | None = None,
+        idle: float | None = None,
+        failed: int | None = None,
+    ) -> None:
+        """A request of a sampler other than an upload (a weight pull): its reports. (It does not renew a lease:
+        only delivering groups does, `loop.admission`.)"""
+        self.peers.heard(sampler, version, idle, failed)
+
+    def _refuse(self, upload: Upload, reason: str, detail: str) -> Reply:
+        """Refuse a whole upload: counted, reported to the driver's hook (a log line), answered with the reason."""
+        self.intake.reject(reason, detail)
+        if self.on_refusal is not None:
+            self.on_refusal(upload.sampler[:64], reason, detail)
+        return self._reply(upload, refused=reason, detail=detail)
+
+    def _reply(self, upload: Upload, short: bool = False, **fields: Any) -> Reply:
+        retry = self.cfg.cluster.grant_retry_seconds if short or fields.get("refused") else 0.0
+        return Reply(
+            seq=upload.seq,
+            version=self.published_version,
+            finished=self.intake.finished,
+            retry_after=retry,
+            learner=self.boot,
+            **fields,
+        )
 
     def release(self, n: int) -> None:
-        """n admitted groups will not arrive (a sampler lost them or went away)."""
+        """n admitted groups will not arrive (the driver knows it: a sampler lost them or went away)."""
         with self.intake.cond:
             self.admission.release(n)
 
@@ -189,7 +277,8 @@ class LearnerLoop:
         if taken is None:
             return None
         with self.intake.cond:
-            self.admission.trained += self.B
+            self.admission.consumed(self.B)
+            self.admission.expire(self.now())
         return Taken(*taken)
 
     def train(self, taken: Taken) -> StepResult:
@@ -288,7 +377,20 @@ class LearnerLoop:
             "net": {**self.intake.counters_json(), "weights_failed": sum(p.failed for p in peers.values())},
             "resumes": self.resumes,
             "skipped_steps": self.skipped_steps,
+            "admission": self.admission_summary(),
         }
+
+    def admission_summary(self) -> dict[str, Any]:
+        """Admission's totals and each sampler's slots (granted, outstanding, voided)."""
+        with self.intake.cond:
+            a = self.admission
+            return {
+                "enabled": a.enabled,
+                "granted": a.started,
+                "released": a.released,
+                "voided": a.voided_total,
+                "samplers": a.per_sampler_counts(),
+            }
 
     # ---------------------------------------------------------------- durability (resume)
     def save_state(self, root: Path) -> Path:
@@ -345,7 +447,11 @@ class LearnerLoop:
         self.clock_before = float(x["clock"])
         self.busy_seconds = float(x["busy_seconds"])
         self.traffic.total_bytes, self.traffic.total_full_bytes = (int(v) for v in x["traffic"])
-        self.admission.started, self.admission.released, self.admission.trained = (int(v) for v in x["admission"])
+        # Slots granted before the restart are forgotten (samplers see a new learner and reset theirs): the budget
+        # holds what is trained and queued, and groups generated on old slots are charged when they arrive.
+        self.admission.trained = int(x["admission"][2])
+        self.admission.started = self.admission.trained + queued + buffer.dropped
+        self.admission.released = 0
         self.resumes = int(x["resumes"]) + 1
         self.skipped_steps, self.skipped_in_a_row = (int(v) for v in x.get("skipped", [0, 0]))
         self.needs_initial_eval = False

@@ -5,11 +5,15 @@ Weights travel through one interface whatever the codec: the learner publishes v
 `heterorl.weights.WeightStore` (full snapshots or PULSE patches, per `weights.codec`); a sampler's
 `WeightReceiver` applies the `Update` the store builds for the version it holds. `BackgroundPublisher` runs the
 publish (cast, diff, encode, hash) in a worker thread so the next learner step starts at once; a transport that
-needs the new version waits for it with `result()`, or is called back with it (`on_published`).
+needs the new version waits for it with `result()`, or is called back with it (`on_published`). On Linux that
+thread runs at a lower scheduling priority (`weights.publish_nice`): where every core is busy, the kernel gives
+the training thread the core first and the publish takes what is left, instead of the two sharing it evenly.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections import defaultdict
 from collections.abc import Callable
@@ -31,7 +35,13 @@ class BackgroundPublisher:
     def __init__(self, cfg: WeightsConfig) -> None:
         self.store = WeightStore.from_config(cfg)
         self.overlap = cfg.overlap
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="publish") if cfg.overlap else None
+        self._pool = (
+            ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="publish", initializer=_lower_priority, initargs=(cfg.publish_nice,)
+            )
+            if cfg.overlap
+            else None
+        )
         self._pending: Future[Published] | None = None
         self._last: Published | None = None
         self._done: Published | None = None  # set by the publishing thread the moment a version is in the store
@@ -68,6 +78,14 @@ class BackgroundPublisher:
         self.result()
         if self._pool is not None:
             self._pool.shutdown()
+
+
+def _lower_priority(nice: int) -> None:
+    """Raise this thread's nice value by `nice` (Linux schedules threads by their own nice value; elsewhere the
+    value is per process, so it is left alone). Raising one's own nice value needs no privilege."""
+    if nice and sys.platform.startswith("linux"):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
 
 
 class WeightTraffic:

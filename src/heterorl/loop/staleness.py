@@ -1,5 +1,5 @@
 """Staleness control, clock-free and shared by every driver: the learner's rollout buffer with HeteroRL's window,
-and AReaL's admission rule for starting generations.
+and the window itself (`staleness_window`). AReaL's admission by capacity is `loop.admission`.
 
 Staleness of a group = learner version when it is trained - the oldest weight version among its tokens.
 """
@@ -55,6 +55,7 @@ class RolloutBuffer:
             self.groups = deque(g for i, g in enumerate(self.groups) if i not in chosen)
         else:
             batch = [self.groups.popleft() for _ in range(n)]
+        batch.sort(key=batch_order)  # the order uploads happened to arrive in must not change the step's floats
         staleness = [g.staleness(learner_version) for g in batch]
         self.staleness_hist.update(staleness)
         stats = {
@@ -75,6 +76,15 @@ class RolloutBuffer:
         }
 
 
+def batch_order(group: RolloutGroup) -> tuple[str, int, str]:
+    """A batch's canonical order: by sampler, then in the order it generated its groups (ids are
+    `<sampler>:<n>[@<session>]`). Which groups make a batch depends on arrival order; their order inside it does not,
+    so a step computes the same floats however concurrent uploads interleaved."""
+    head, _, session = group.group_id.partition("@")
+    number = head.rpartition(":")[2]
+    return group.sampler_id, int(number) if number.isdigit() else -1, session
+
+
 def staleness_window(max_staleness: int | None, eta: int | None) -> int | None:
     """The learner-side window: `max_staleness`, tightened to `eta` when admission control is on.
 
@@ -86,46 +96,3 @@ def staleness_window(max_staleness: int | None, eta: int | None) -> int | None:
     if eta is None:
         return max_staleness
     return eta if max_staleness is None else min(max_staleness, eta)
-
-
-class Admission:
-    """When a sampler may start generating n groups with weights of version v (async mode).
-
-    AReaL's rule (`eta`): only while  started - released - dropped + n <= (eta + v + 1) * B.
-    `started` counts the groups ever admitted, `released` those that will never reach the learner (refused, lost,
-    or held by a sampler that went away), `dropped` those the window discarded, B = groups per learner step.
-    The learner consumes B groups per version, so with groups trained in the order they were admitted, a group
-    generated at version v is trained at version <= v + eta: staleness <= eta. v is the version the generation
-    uses (the sampler's), not the learner's: a sampler whose weights lag must catch up before it may start.
-
-    Backpressure (`max_queued_steps` = k): only while the groups admitted and not yet trained, dropped or released
-    (queued at the learner or being generated) stay within k * B. Without it fast samplers generate without
-    bound and a learner that consumes the oldest groups first trains on ever staler data.
-    """
-
-    def __init__(self, eta: int | None, groups_per_step: int, max_queued_steps: int | None = None) -> None:
-        self.eta, self.B, self.max_queued_steps = eta, groups_per_step, max_queued_steps
-        self.started = 0
-        self.released = 0
-        self.trained = 0
-
-    def in_budget(self, dropped: int) -> int:
-        """Groups admitted that still count against AReaL's budget (trained ones included)."""
-        return self.started - self.released - dropped
-
-    def pending(self, dropped: int) -> int:
-        """Groups admitted that are queued at the learner or still being generated."""
-        return self.in_budget(dropped) - self.trained
-
-    def try_start(self, n: int, version: int, dropped: int) -> bool:
-        """Admit n groups generated with weights of `version` (and count them) if the rules allow it."""
-        if self.eta is not None and self.in_budget(dropped) + n > (self.eta + version + 1) * self.B:
-            return False
-        if self.max_queued_steps is not None and self.pending(dropped) + n > self.max_queued_steps * self.B:
-            return False
-        self.started += n
-        return True
-
-    def release(self, n: int) -> None:
-        """n admitted groups will never arrive: give their budget back."""
-        self.released += n

@@ -27,6 +27,7 @@ from heterorl.config import RunConfig
 from heterorl.learner import Learner
 from heterorl.parallel.collectives import Channel, Op, decode_groups, from_json_bytes, to_json_bytes
 from heterorl.policy import Policy, resolve_device
+from heterorl.process import die_with_parent
 from heterorl.run.build import configure_torch
 
 T = TypeVar("T")
@@ -83,6 +84,7 @@ def start(cfg: RunConfig) -> Ranks | None:
     if missing:
         raise DistributedSetupError(f"started as one rank of a group but {', '.join(missing)} unset: use torchrun")
     rank, world, local = (int(os.environ[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    die_with_parent()  # torchrun's agent started this rank: if the agent dies (even SIGKILL), the rank goes too
     if cfg.parallel.strategy == "none":
         if world > 1:
             raise DistributedSetupError(

@@ -14,7 +14,7 @@ from typing import Any
 from heterorl.config import RunConfig
 from heterorl.console import Bar, console, progress_bar
 from heterorl.loop.learner_loop import LearnerLoop
-from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.loop.worker import SamplerWorker
 from heterorl.parallel.distributed import attach
 from heterorl.run.build import (
     build_learner,

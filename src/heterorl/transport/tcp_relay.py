@@ -1,7 +1,8 @@
 """A TCP relay on loopback that counts the bytes each way and can be switched off: how benchmarks/egress.py
-measures what a learner really sends (HTTP bodies and headers included), and how the store tests cut a store off
-(an outage: open connections are reset, new ones refused) and bring it back. A tool for measurements and tests;
-nothing in a run uses it.
+measures what a learner really sends (HTTP bodies and headers included), and how tests cut a link -- an outage
+(`down`: open connections are reset, new ones refused) or a black hole (`blackhole`: connections stay open and
+new ones are accepted, but no byte gets through, as when a route is lost and TCP retransmits into the void) --
+and bring it back (`restore`). A tool for measurements and tests; nothing in a run uses it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ class TcpRelay:
         self.sent_upstream = 0
         self.sent_downstream = 0
         self.up = True
+        self.passing = threading.Event()  # cleared while the link is a black hole
+        self.passing.set()
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._closed = False
@@ -39,15 +42,23 @@ class TcpRelay:
             if not self.up:
                 client.close()
                 continue
-            try:
-                server = socket.create_connection(self.target, timeout=10)
-            except OSError:
+            threading.Thread(target=self._connect, args=(client,), daemon=True).start()
+
+    def _connect(self, client: socket.socket) -> None:
+        """Join an accepted client to the target (once the link passes bytes again, during a black hole)."""
+        while not self.passing.wait(0.1):
+            if self._closed:
                 client.close()
-                continue
-            with self._lock:
-                self._open |= {client, server}
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+                return
+        try:
+            server = socket.create_connection(self.target, timeout=10)
+        except OSError:
+            client.close()
+            return
+        with self._lock:
+            self._open |= {client, server}
+        threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+        threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
 
     def _pump(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
         try:
@@ -55,6 +66,9 @@ class TcpRelay:
                 data = src.recv(CHUNK)
                 if not data:
                     break
+                while not self.passing.wait(0.1):  # a black hole: hold the bytes (TCP would retransmit them)
+                    if self._closed:
+                        return
                 dst.sendall(data)
                 with self._lock:
                     if upstream:
@@ -80,8 +94,13 @@ class TcpRelay:
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
 
+    def blackhole(self) -> None:
+        """A link that answers nothing: connections stay open, no byte passes either way until `restore`."""
+        self.passing.clear()
+
     def restore(self) -> None:
         self.up = True
+        self.passing.set()
 
     def close(self) -> None:
         self._closed = True

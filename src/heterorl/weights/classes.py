@@ -38,7 +38,7 @@ def magnitude_mask(dtype: torch.dtype) -> int | None:
     """Mask clearing the sign bit of a float's bits (None for dtypes without magnitude classes)."""
     if dtype not in MANTISSA_BITS:
         return None
-    return (1 << (8 * torch.empty((), dtype=dtype).element_size() - 1)) - 1
+    return (1 << (8 * dtype.itemsize - 1)) - 1
 
 
 def magnitudes(bits_U: np.ndarray, mask: int) -> np.ndarray:

@@ -19,16 +19,24 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from heterorl.weights.format import CTX_FORMAT_VERSION, FORMAT_VERSION, StateDict
-from heterorl.weights.patch import encode_patches, merge_patches, recode_patch
+from heterorl.weights.patch import encode_versions, merge_patches, recode_patch
 from heterorl.weights.snapshot import encode_snapshot
 
 
 @dataclass(frozen=True)
 class EncodedPatch:
-    """One version's patch from its predecessor: what receivers download and what merges start from."""
+    """One version's patch from its predecessor: what receivers download and what merges start from; both None
+    when the diff showed that a patch would not pay (`skipped`: the store sends a snapshot instead)."""
 
-    wire: bytes
-    record: bytes  # a v1 patch (decodable without the base); the same object as `wire` for "pulse"
+    wire: bytes | None
+    record: bytes | None  # a v1 patch (decodable without the base); the same object as `wire` for "pulse"
+    result_hash: str  # state hash of `new`, from the diff scan
+    changed: int  # elements that differ
+    estimated_nbytes: int  # the patch's size estimated from the diff, before coding
+
+    @property
+    def skipped(self) -> bool:
+        return self.wire is None
 
 
 class SyncCodec(ABC):
@@ -46,9 +54,38 @@ class SyncCodec(ABC):
 
     @abstractmethod
     def encode_patch(
-        self, base: StateDict, new: StateDict, *, base_hash: str, versions: tuple[int, int]
+        self,
+        base: StateDict,
+        new: StateDict,
+        *,
+        base_hash: str,
+        versions: tuple[int, int],
+        max_nbytes: int | None = None,
     ) -> EncodedPatch | None:
-        """The patch taking a receiver from `base` to `new`, or None if this codec only sends snapshots."""
+        """The patch taking a receiver from `base` to `new`, or None if this codec only sends snapshots; a skipped
+        one (no bytes coded) when its size estimated from the diff exceeds `max_nbytes`."""
+
+    def _encode(
+        self,
+        base: StateDict,
+        new: StateDict,
+        base_hash: str,
+        versions: tuple[int, int],
+        max_nbytes: int | None,
+        formats: tuple[int, ...],
+    ) -> EncodedPatch:
+        out = encode_versions(
+            base,
+            new,
+            level=self.level,
+            hashes=(base_hash, None),
+            versions=versions,
+            workers=self.workers,
+            formats=formats,
+            max_nbytes=max_nbytes,
+        )
+        wire = out.v2 if CTX_FORMAT_VERSION in formats else out.v1
+        return EncodedPatch(wire, out.v1, out.new_hash, out.changed, out.estimated_nbytes)
 
     @abstractmethod
     def merge(self, records: Sequence[bytes], latest: StateDict) -> bytes:
@@ -61,7 +98,13 @@ class FullCodec(SyncCodec):
     name = "full"
 
     def encode_patch(
-        self, base: StateDict, new: StateDict, *, base_hash: str, versions: tuple[int, int]
+        self,
+        base: StateDict,
+        new: StateDict,
+        *,
+        base_hash: str,
+        versions: tuple[int, int],
+        max_nbytes: int | None = None,
     ) -> EncodedPatch | None:
         return None
 
@@ -76,19 +119,15 @@ class PulseCodec(SyncCodec):
     name = "pulse"
 
     def encode_patch(
-        self, base: StateDict, new: StateDict, *, base_hash: str, versions: tuple[int, int]
+        self,
+        base: StateDict,
+        new: StateDict,
+        *,
+        base_hash: str,
+        versions: tuple[int, int],
+        max_nbytes: int | None = None,
     ) -> EncodedPatch | None:
-        v1, _ = encode_patches(
-            base,
-            new,
-            level=self.level,
-            hashes=(base_hash, None),
-            versions=versions,
-            workers=self.workers,
-            formats=(FORMAT_VERSION,),
-        )
-        assert v1 is not None
-        return EncodedPatch(wire=v1, record=v1)
+        return self._encode(base, new, base_hash, versions, max_nbytes, (FORMAT_VERSION,))
 
     def merge(self, records: Sequence[bytes], latest: StateDict) -> bytes:
         return merge_patches(records, level=self.level)
@@ -100,20 +139,15 @@ class PulseCtxCodec(SyncCodec):
     name = "pulse-ctx"
 
     def encode_patch(
-        self, base: StateDict, new: StateDict, *, base_hash: str, versions: tuple[int, int]
+        self,
+        base: StateDict,
+        new: StateDict,
+        *,
+        base_hash: str,
+        versions: tuple[int, int],
+        max_nbytes: int | None = None,
     ) -> EncodedPatch | None:
-        v1, v2 = encode_patches(
-            base,
-            new,
-            level=self.level,
-            hashes=(base_hash, None),
-            versions=versions,
-            workers=self.workers,
-            formats=(FORMAT_VERSION, CTX_FORMAT_VERSION),
-        )
-        assert v1 is not None
-        assert v2 is not None
-        return EncodedPatch(wire=v2, record=v1)
+        return self._encode(base, new, base_hash, versions, max_nbytes, (FORMAT_VERSION, CTX_FORMAT_VERSION))
 
     def merge(self, records: Sequence[bytes], latest: StateDict) -> bytes:
         return recode_patch(merge_patches(records, level=self.level), latest, level=self.level, workers=self.workers)

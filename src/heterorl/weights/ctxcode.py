@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from heterorl.weights import native
 from heterorl.weights.classes import (
     MANTISSA_BITS,
     MAX_CLASSES,
@@ -45,6 +46,7 @@ from heterorl.weights.intcode import (
     decode_uints,
     decode_values,
     decompress_exact,
+    encode_stream,
     encode_uints,
     uint_for,
     zigzag_minus_one,
@@ -141,7 +143,14 @@ def encode_segment(
     parts: list[np.ndarray] = []
     specs: list[ClassSpec] = []
     pos_top, codes_top = pos_K, codes_K
-    if bounds:
+    if native.enabled() and isinstance(base, np.ndarray):  # the compiled class pass: one loop over the base
+        if bounds:
+            assert mask is not None
+            members_C, ranks_C, codes_C, pos_top, codes_top = native.class_split(base, mask, bounds, pos_K, codes_K)
+            for ranks, n_members, codes in zip(ranks_C, members_C, codes_C, strict=True):
+                specs.append(_encode_ranks(ranks, n_members, codes, parts))
+        specs.append(_encode_ranks(pos_top, n, codes_top, parts))
+    elif bounds:
         assert mask is not None
         cls_K = np.searchsorted(np.asarray(bounds, mag_K.dtype), mag_K, side="right")
         for c, flags in enumerate(_class_flags(base, mask, bounds, pos_K, workers)):
@@ -149,7 +158,8 @@ def encode_segment(
             specs.append(_encode_class(flags, None, codes_C, parts))
         top = np.flatnonzero(cls_K == len(bounds))
         pos_top, codes_top = np.take(pos_K, top), np.take(codes_K, top)
-    specs.append(_encode_class(None, (pos_top, n), codes_top, parts))
+    if len(specs) < len(bounds) + 1:
+        specs.append(_encode_class(None, (pos_top, n), codes_top, parts))
     fields = {
         "count": count,
         "bounds": bounds,
@@ -224,6 +234,30 @@ def _encode_class(
     return ClassSpec(count, members, pos_mode, gap_spec, val_mode, value_spec)
 
 
+def _encode_ranks(ranks_C: np.ndarray, members: int, codes_C: np.ndarray, parts: list[np.ndarray]) -> ClassSpec:
+    """`_encode_class` by the compiled kernels, from the changed members' ranks (flat positions for the top class)
+    instead of a flag per member: the same parts."""
+    count = int(ranks_C.size)
+    if count == 0:
+        return ClassSpec(0, members, "gaps", None, "int", None)
+    gap_spec = value_spec = None
+    if count >= BITMAP_RATE * members:
+        parts.append(native.ranks_bitmap(ranks_C, members))
+        pos_mode = "bitmap"
+    else:
+        gap_spec, gap_parts = encode_stream(ranks_C, native.GAPS, None, np.dtype(uint_for(members)).itemsize * 8)
+        parts.extend(gap_parts)
+        pos_mode = "gaps"
+    if int(codes_C.max()) <= 1:
+        parts.append(np.packbits(codes_C.astype(np.bool_), bitorder="little"))
+        val_mode = "bits"
+    else:
+        value_spec, value_parts = encode_stream(codes_C, native.VALUES, None, codes_C.itemsize * 8)
+        parts.extend(value_parts)
+        val_mode = "int"
+    return ClassSpec(count, members, pos_mode, gap_spec, val_mode, value_spec)
+
+
 # --- parse
 def _spec(obj: Any, count: int, bits: int) -> StreamSpec:
     if not isinstance(obj, list) or len(obj) != 3:
@@ -251,7 +285,7 @@ def parse_segment(obj: dict[str, Any], numel: int, dtype: torch.dtype, raw_nbyte
         if type(b) is not int or not prev < b <= (mask or 0):
             raise PatchError(f"{what}: class bounds must increase within (0, {mask}]: {bounds}")
         prev = b
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = dtype.itemsize
     classes = []
     for c, cobj in enumerate(classes_json):
         if not isinstance(cobj, dict):
@@ -306,13 +340,15 @@ def decode_segment(
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """A segment's changes given its base bits (needed only when it has classes, i.e. bounds): one (sorted
     positions int64, wrapped differences) run per class that changed; runs are disjoint."""
-    code_width = torch.empty((), dtype=code.dtype).element_size()
+    code_width = code.dtype.itemsize
     value_dtype = UINT[code_width]
     if code.count == 0:
         decompress_exact(frame, 0, what)
         return []
     raw_U = decompress_exact(frame, code.raw_nbytes, what)
     mask = magnitude_mask(code.dtype)
+    if native.enabled():
+        return _decode_native(code, raw_U, base_U, mask, what)
     member_lists = []
     if code.bounds and mask is not None:
         assert base_U is not None, "a segment with classes decodes against its base"
@@ -343,3 +379,38 @@ def decode_segment(
             positions = member_lists[c].at(ranks)
         runs.append((positions, delta_C))
     return runs
+
+
+def _decode_native(
+    code: SegmentCode, raw_U: np.ndarray, base_U: np.ndarray | None, mask: int | None, what: str
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`decode_segment` by the compiled kernels: each class's ranks and differences, then one pass over the base
+    that enumerates the classes below the top and merges every class into one sorted run (member counts and
+    top-class membership checked there)."""
+    code_width = code.dtype.itemsize
+    value_dtype = UINT[code_width]
+    runs = []
+    cursor = 0
+    for spec in code.classes:
+        if spec.count == 0:
+            runs.append((np.zeros(0, np.int64), np.zeros(0, value_dtype)))
+            continue
+        if spec.pos_mode == "bitmap":
+            ranks = native.bitmap_ranks(raw_U, cursor, spec.members, spec.count, what)
+        else:
+            bits = 64 if spec.members >= 2**32 else 32
+            ranks = native.decode_positions(raw_U, cursor, spec.count, spec.gaps, bits, spec.members, what)
+        cursor += sum(spec.position_sizes())
+        size = sum(spec.value_sizes())
+        if spec.val_mode == "bits":  # codes 0 / 1: the differences -1 / +1 by table
+            delta_C = np.take(DIFFERENCES[code_width], _unpack_flags(raw_U[cursor : cursor + size], spec.count, what))
+        else:
+            delta_C = native.decode_diffs(raw_U, cursor, spec.count, spec.values, value_dtype, what)
+        cursor += size
+        runs.append((ranks, delta_C))
+    if not code.bounds:
+        return runs[-1:]
+    assert base_U is not None, "a segment with classes decodes against its base"
+    assert mask is not None, "classes need a magnitude"
+    members_C = [spec.members for spec in code.classes[:-1]]
+    return [native.class_merge(base_U, mask, code.bounds, members_C, runs[:-1], runs[-1], what)]

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import xxhash
 
+from heterorl.weights import native
 from heterorl.weights.format import UINT, bits_view
 
 CHUNK_BYTES = 1 << 18  # bytes of each tensor per pass step: base and new chunks (512 KB) stay in L2
@@ -24,7 +25,19 @@ def scan_cpu(
 ) -> tuple[np.ndarray, np.ndarray, bytes, bytes]:
     """(sorted changed positions int64, wrapped differences new - base, base digest, new digest).
 
-    A digest that was not asked for is the digest of nothing (callers ignore it).
+    A digest that was not asked for is the digest of nothing (callers ignore it). The compiled kernel
+    (native.scan: one loop, words compared eight bytes at a time, hashed chunk by chunk) when enabled, else
+    `scan_numpy`.
+    """
+    if native.enabled():
+        return native.scan(base_U, new_U, hash_base, hash_new)
+    return scan_numpy(base_U, new_U, hash_base, hash_new)
+
+
+def scan_numpy(
+    base_U: np.ndarray, new_U: np.ndarray, hash_base: bool, hash_new: bool
+) -> tuple[np.ndarray, np.ndarray, bytes, bytes]:
+    """The numpy reference of `scan_cpu`.
 
     One pass over memory: chunk by chunk, xxh3 reads base and new from memory into L2 and the comparison works
     on that cached chunk. Elements are compared eight bytes at a time (four bf16 per 64-bit word):

@@ -66,6 +66,7 @@ DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+ITEMSIZE: dict[torch.dtype, int] = {v: v.itemsize for v in DTYPES.values()}  # bytes per element (a dict lookup)
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
@@ -209,7 +210,7 @@ class TensorMeta:
 
     @property
     def itemsize(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return ITEMSIZE[self.dtype]
 
 
 def entry_layout(entry: Any, prev_name: str | None) -> tuple[str, torch.dtype, tuple[int, ...]]:

@@ -47,6 +47,7 @@ from heterorl.weights.format import (
     unpack,
     writable_bits_view,
 )
+from heterorl.weights.intcode import zigzag_minus_one
 
 Blobish = bytes | bytearray | memoryview
 DEVICE_PATH_ON_CPU = False  # tests set it to run the accelerator encode path (torch ops) on CPU tensors
@@ -159,6 +160,38 @@ def encode_patches(
 ) -> tuple[bytes | None, bytes | None]:
     """(v1 patch, v2 patch) from one diff of `base` and `new`, each only if its format version is in `formats`
     (None otherwise). See `encode_patch` for the arguments."""
+    out = encode_versions(base, new, level=level, hashes=hashes, versions=versions, workers=workers, formats=formats)
+    return out.v1, out.v2
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What `encode_versions` produced: the patches asked for (None when not asked for, or when skipped), the two
+    state hashes, the changed elements and the patch size estimated from them before any coding."""
+
+    v1: bytes | None
+    v2: bytes | None
+    base_hash: str
+    new_hash: str
+    changed: int
+    estimated_nbytes: int
+    skipped: bool  # the estimate exceeded `max_nbytes`: nothing was coded
+
+
+def encode_versions(
+    base: StateDict,
+    new: StateDict,
+    *,
+    level: int = 1,
+    hashes: tuple[str | None, str | None] = (None, None),
+    versions: tuple[int | None, int | None] = (None, None),
+    workers: int = 1,
+    formats: Sequence[int] = (FORMAT_VERSION, CTX_FORMAT_VERSION),
+    max_nbytes: int | None = None,
+) -> Encoded:
+    """`encode_patches`, deciding after the diff scan whether coding pays: when the patch size estimated from the
+    scan's change counts (`estimate_nbytes`) exceeds `max_nbytes`, no patch is coded (`skipped`; the caller
+    sends a snapshot). The hashes come from the same scan either way."""
     check_same_layout(base, new)
     names = sorted(base)
     base_hash, new_hash = hashes
@@ -178,16 +211,49 @@ def encode_patches(
     assert new_hash is not None
     layouts = [(n, base[n].dtype, tuple(base[n].shape)) for n in names]
     changes = [(s[0], s[1]) for s in scans]
+    numels = [base[n].numel() for n in names]
+    estimate = estimate_nbytes(changes, numels)
+    changed = sum(int(c[0].size) for c in changes)
+    if max_nbytes is not None and estimate > max_nbytes:
+        return Encoded(None, None, base_hash, new_hash, changed, estimate, True)
     v1 = v2 = None
     if CTX_FORMAT_VERSION in formats:
         base_bits = [_base_bits(base[n]) for n in names]
         v2 = _assemble_v2(layouts, base_bits, changes, (base_hash, new_hash), versions, level, workers)
     if FORMAT_VERSION in formats:
         results = parallel_map(
-            lambda i: plain.encode_tensor(*changes[i], base[names[i]].numel(), level), list(range(len(names))), workers
+            lambda i: plain.encode_tensor(*changes[i], numels[i], level), list(range(len(names))), workers
         )
         v1 = _assemble(layouts, results, (base_hash, new_hash), versions, FORMAT_VERSION)
-    return v1, v2
+    return Encoded(v1, v2, base_hash, new_hash, changed, estimate, False)
+
+
+PATCH_OVERHEAD = 64  # bytes per tensor in a patch (header entry, zstd frame), measured ~50
+_VALUE_SAMPLE = 1 << 14  # value codes looked at (strided over all tensors) for the value-entropy estimate
+_VALUE_BINS = 1 << 12  # codes this large or larger share a bin (they cost ~12+ bits either way)
+
+
+def estimate_nbytes(changes: Sequence[tuple[np.ndarray, np.ndarray]], numels: Sequence[int]) -> int:
+    """A patch's size estimated from a diff, before coding: positions n h(k / n) bits per tensor (k changes of
+    n elements; independent positions, which v1 codes within a few percent of), values at the empirical entropy
+    of a strided sample of all value codes (large codes binned together), plus PATCH_OVERHEAD per tensor."""
+    counts = np.array([c[0].size for c in changes], np.float64)
+    n = np.maximum(np.array(numels, np.float64), 1.0)
+    p = counts / n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = -(p * np.log2(np.where(p > 0, p, 1.0)) + (1 - p) * np.log2(np.where(p < 1, 1 - p, 1.0)))
+    position_bits = float((n * h).sum())
+    total = int(counts.sum())
+    value_bits = 0.0
+    if total:
+        step = max(1, total // _VALUE_SAMPLE)
+        codes = np.concatenate([zigzag_minus_one(c[1][::step]).astype(np.uint64) for c in changes if c[1].size])
+        big = codes >= _VALUE_BINS - 1  # these share a bin and cost their own bits on top
+        hist = np.bincount(np.minimum(codes, _VALUE_BINS - 1).astype(np.intp), minlength=_VALUE_BINS)
+        q = hist[hist > 0] / codes.size
+        raw_bits = float(np.log2(codes[big].astype(np.float64) + 1.0).sum()) / codes.size
+        value_bits = total * (float(-(q * np.log2(q)).sum()) + raw_bits)
+    return int((position_bits + value_bits) / 8) + PATCH_OVERHEAD * len(numels)
 
 
 def _on_device(t: torch.Tensor) -> bool:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from heterorl.weights import native
 from heterorl.weights.format import UINT, PatchError, TensorMeta, get_int
 from heterorl.weights.intcode import (
     StreamSpec,
@@ -22,6 +23,7 @@ from heterorl.weights.intcode import (
     decode_uints,
     decode_values,
     decompress_exact,
+    encode_stream,
     encode_uints,
     uint_for,
     zigzag_minus_one,
@@ -42,10 +44,19 @@ class PlainTensor:
         return decode_tensor(self, payload)
 
 
-def encode_tensor(pos_K: np.ndarray, delta_K: np.ndarray, numel: int, level: int) -> tuple[dict[str, Any], bytes]:
-    """Gap + value streams of one tensor -> (header fields, zstd frame)."""
-    gap_spec, gap_parts = encode_uints(gaps(pos_K, uint_for(numel)))
-    value_spec, value_parts = encode_uints(zigzag_minus_one(delta_K))
+def encode_tensor(
+    pos_K: np.ndarray, delta_K: np.ndarray, numel: int, level: int, ks: tuple[int, int] | None = None
+) -> tuple[dict[str, Any], bytes]:
+    """Gap + value streams of one tensor -> (header fields, zstd frame). `ks`: the streams' split points, if the
+    caller chose them already; else they are chosen as `choose_k` chooses them."""
+    if native.enabled():  # k chosen in C unless given (the same choice)
+        k_gaps, k_values = (None, None) if ks is None else ks
+        gap_spec, gap_parts = encode_stream(pos_K, native.GAPS, k_gaps, np.dtype(uint_for(numel)).itemsize * 8)
+        value_spec, value_parts = encode_stream(delta_K, native.CODES, k_values, delta_K.itemsize * 8)
+    else:
+        k_gaps, k_values = (None, None) if ks is None else ks
+        gap_spec, gap_parts = encode_uints(gaps(pos_K, uint_for(numel)), k_gaps)
+        value_spec, value_parts = encode_uints(zigzag_minus_one(delta_K), k_values)
     parts = gap_parts + value_parts
     fields = {
         "count": int(pos_K.size),
@@ -100,6 +111,11 @@ def decode_tensor(tp: PlainTensor, payload: memoryview) -> tuple[np.ndarray, np.
         return np.zeros(0, np.int64), np.zeros(0, value_dtype)
     raw_U = decompress_exact(frame, meta.raw_nbytes, f"tensor {meta.name!r}")
     gap_nbytes = sum(tp.gaps.part_sizes(count))
+    if native.enabled():
+        what = f"tensor {meta.name!r}"
+        bits = 64 if meta.numel >= 2**32 else 32
+        pos_K = native.decode_positions(raw_U, 0, count, tp.gaps, bits, meta.numel, what)
+        return pos_K, native.decode_diffs(raw_U, gap_nbytes, count, tp.values, value_dtype, what)
     gaps_K = decode_uints(raw_U[:gap_nbytes], count, tp.gaps, uint_for(meta.numel))
     pos_K = decode_positions(gaps_K, meta.numel, f"tensor {meta.name!r}")
     return pos_K, decode_values(raw_U[gap_nbytes:], count, tp.values, value_dtype, f"tensor {meta.name!r}")

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
+from heterorl.weights import native
+
 CHUNK_BYTES = 1 << 18  # per chunk of a tensor: the chunk and its scratch copy (512 KB) stay in L2
 BIG = 1 << 22  # elements: a unit this large gets the workers to itself, its base digest in another thread
 
@@ -77,7 +79,8 @@ def stage(views: Sequence[np.ndarray], runs: Sequence[tuple[np.ndarray, np.ndarr
 
 
 def _changes(view: np.ndarray, local: np.ndarray, delta: np.ndarray, cuts: list[int]) -> TensorChanges:
-    return TensorChanges(view, local, delta, cuts, np.empty(local.size, view.dtype))
+    new = native.empty(local.size, view.dtype) if native.enabled() else np.empty(local.size, view.dtype)
+    return TensorChanges(view, local, delta, cuts, new)
 
 
 def _stage_grouped(views: Sequence[np.ndarray], runs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[TensorChanges]:
@@ -112,8 +115,10 @@ def _stage_grouped(views: Sequence[np.ndarray], runs: Sequence[tuple[np.ndarray,
 
 def digests(tc: TensorChanges, base: bool = True, result: bool = True) -> tuple[bytes | None, bytes | None]:
     """(digest of the tensor now, digest after the changes) in one chunked pass; a digest not asked for is None.
-    Asking for the result fills `tc.new`."""
+    Asking for the result fills `tc.new`. The compiled kernel (one loop per tensor) when enabled."""
     view, chunk = tc.view, tc.chunk
+    if native.enabled():
+        return native.stage_digests(view, tc.local, tc.delta, tc.new, chunk, base, result)
     base_h = xxhash.xxh3_128() if base else None
     result_h = xxhash.xxh3_128() if result else None
     if not tc.count:  # the same bytes: one digest serves both
@@ -144,7 +149,9 @@ def digests(tc: TensorChanges, base: bool = True, result: bool = True) -> tuple[
 
 def commit(tc: TensorChanges) -> None:
     """Write the new values (after `digests` computed them and everything was checked)."""
-    if tc.count:
+    if tc.count and native.enabled():
+        native.scatter(tc.view, tc.local, tc.new)
+    elif tc.count:
         tc.view[tc.local] = tc.new
 
 

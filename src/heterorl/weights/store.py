@@ -75,6 +75,7 @@ class Published:
     changed: int | None  # elements the patch overwrites
     numel: int
     seconds: float  # encode wall time
+    patch_skipped: bool = False  # the diff showed a patch would not pay (weights.patch_max_ratio): a snapshot went
 
 
 class WeightStore:
@@ -89,6 +90,7 @@ class WeightStore:
         retain: int = 64,
         wire_dtype: torch.dtype | None = None,
         device: str | torch.device = "cpu",
+        patch_max_ratio: float | None = None,
     ) -> None:
         assert snapshot_every >= 1, f"snapshot_every must be >= 1, got {snapshot_every}"
         assert max_chain >= 1, f"max_chain must be >= 1, got {max_chain}"
@@ -99,6 +101,7 @@ class WeightStore:
         self.retain = retain
         self.wire_dtype = wire_dtype
         self.device = torch.device(device)  # where the store's weight copies live and patches are diffed
+        self.patch_max_ratio = patch_max_ratio  # skip coding a patch estimated above this share of the snapshot
         self._lock = threading.Lock()  # guards everything below
         self._publish_lock = threading.Lock()  # one publish at a time
         self._order: list[int] = []  # retained versions, oldest first
@@ -114,14 +117,16 @@ class WeightStore:
         self._pinned: dict[int, int] = {}  # id of a weights copy -> merges reading it (never reused meanwhile)
 
     @classmethod
-    def from_config(cls, cfg: WeightsConfig, *, workers: int = 1) -> WeightStore:
-        """Store for `cfg` (codec, wire dtype, snapshot cadence, chain limit, retention, zstd level)."""
+    def from_config(cls, cfg: WeightsConfig, *, workers: int | None = None) -> WeightStore:
+        """Store for `cfg` (codec, its threads, wire dtype, snapshot cadence, chain limit, retention, zstd level,
+        the snapshot-or-patch ratio); `workers` overrides `cfg.codec_threads`."""
         return cls(
-            make_codec(cfg.codec, level=cfg.zstd_level, workers=workers),
+            make_codec(cfg.codec, level=cfg.zstd_level, workers=cfg.codec_threads if workers is None else workers),
             snapshot_every=cfg.snapshot_every,
             max_chain=cfg.max_chain,
             retain=cfg.retain,
             wire_dtype=getattr(torch, cfg.wire_dtype),
+            patch_max_ratio=cfg.patch_max_ratio,
         )
 
     # --- learner side
@@ -133,12 +138,17 @@ class WeightStore:
             if latest is not None and version <= latest:
                 raise ValueError(f"version {version} is not newer than the latest published version {latest}")
             new = self._wire_copy(weights)
-            patch: EncodedPatch | None = None
+            encoded: EncodedPatch | None = None
             if self._last is not None and latest is not None:
                 base_hash = self._hashes[latest]
-                patch = self.codec.encode_patch(self._last, new, base_hash=base_hash, versions=(latest, version))
-            info = patch_info(patch.wire) if patch is not None else None
-            new_hash = info.result_hash if info is not None else state_hash(new)
+                limit = None
+                if self.patch_max_ratio is not None and self._snapshot is not None:
+                    limit = int(self.patch_max_ratio * len(self._snapshot[1]))
+                encoded = self.codec.encode_patch(
+                    self._last, new, base_hash=base_hash, versions=(latest, version), max_nbytes=limit
+                )
+            patch = None if encoded is None or encoded.skipped else encoded
+            new_hash = encoded.result_hash if encoded is not None else state_hash(new)
             chain = self._since_snapshot + 1  # patches since the newest snapshot if this one is not one
             snapshot = None
             if patch is None or chain >= self.snapshot_every or chain > self.max_chain:
@@ -150,11 +160,12 @@ class WeightStore:
             return Published(
                 version=version,
                 state_hash=new_hash,
-                patch_nbytes=None if patch is None else len(patch.wire),
+                patch_nbytes=None if patch is None or patch.wire is None else len(patch.wire),
                 snapshot_nbytes=None if snapshot is None else len(snapshot),
-                changed=None if info is None else info.changed,
+                changed=None if encoded is None else encoded.changed,
                 numel=sum(t.numel() for t in new.values()),
                 seconds=time.perf_counter() - start,
+                patch_skipped=encoded is not None and encoded.skipped,
             )
 
     def _wire_copy(self, weights: StateDict) -> dict[str, torch.Tensor]:
@@ -184,6 +195,8 @@ class WeightStore:
         self._hashes[version] = new_hash
         self._latest_wire = None if patch is None else patch.wire
         if patch is not None:
+            assert patch.record is not None
+            assert patch.wire is not None
             self._records[version] = patch.record
             self._wire_nbytes[version] = len(patch.wire)
         if snapshot is not None:
@@ -307,8 +320,11 @@ class WeightReceiver:
     `refused` counts it, and `held()` returns (None, None) so the next update is a snapshot.
     """
 
-    def __init__(self, weights: dict[str, torch.Tensor] | None = None, *, version: int | None = None) -> None:
+    def __init__(
+        self, weights: dict[str, torch.Tensor] | None = None, *, version: int | None = None, workers: int = 1
+    ) -> None:
         self.weights = weights
+        self.workers = workers  # threads decoding an update (weights.codec_threads)
         self.version = version if weights is not None else None
         self.state_hash = state_hash(weights) if weights is not None and version is not None else None
         self.needs_snapshot = self.version is None
@@ -366,11 +382,11 @@ class WeightReceiver:
         if update.snapshot is None:
             if self.weights is None or self.needs_snapshot:
                 raise PatchError("received a patch but holds no verified weights")
-            apply_patch(self.weights, update.patch)  # type: ignore[arg-type]  # all-or-nothing itself
+            apply_patch(self.weights, update.patch, workers=self.workers)  # type: ignore[arg-type]  # all-or-nothing
             return
-        staged = load_snapshot(update.snapshot)  # fresh tensors, hash-checked
+        staged = load_snapshot(update.snapshot, workers=self.workers)  # fresh tensors, hash-checked
         if update.patch is not None:
-            apply_patch(staged, update.patch)
+            apply_patch(staged, update.patch, workers=self.workers)
         if self.weights is None:
             self.weights = staged
             return

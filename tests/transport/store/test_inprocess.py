@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 
 from heterorl.eventlog import EventLog
-from heterorl.live.sampler_node import LiveSampler
-from heterorl.live.transports import open_learner_store, sampler_transport
-from heterorl.loop.sampler_loop import SamplerWorker
+from heterorl.live.sampler_node import serve_sampler
+from heterorl.live.transports import open_learner_store
+from heterorl.loop.worker import SamplerWorker
 from heterorl.policy import Policy, SamplingParams
 from heterorl.sampler import Sampler
 from heterorl.tasks import make_task
-from heterorl.transport.emulation import LinkEmulator
 from transport.test_service import REWARD, make_live, varied_reward  # noqa: F401 (a fixture)
 
 STORE = ["transport.weights=store", "transport.rollouts=store", "transport.store.poll_seconds=0.05"]
@@ -38,7 +37,7 @@ def test_learner_and_sampler_through_the_store(tmp_path: Path, tiny_model_dir: P
         *store_overrides,
         "learner.steps=4",
         "weights.codec=pulse",
-        "cluster.samplers=[{name: s}]",
+        "cluster.samplers=[{name: sampler-0}]",
         events=EventLog(learner_log),
     )
     store = open_learner_store(live, resume=False)
@@ -48,16 +47,14 @@ def test_learner_and_sampler_through_the_store(tmp_path: Path, tiny_model_dir: P
     store.publisher.published(live.loop.publisher.result())
     store.start()
     params = SamplingParams.from_config(cfg.sampler)
-    sampler = Sampler.from_policy("s", Policy.load(tiny_model_dir), make_task(cfg.task), params, 4, 3)
+    sampler = Sampler.from_policy("sampler-0", Policy.load(tiny_model_dir), make_task(cfg.task), params, 4, 3)
     worker = SamplerWorker(cfg, 0, sampler)
     trainer = threading.Thread(target=live.train, daemon=True)
 
     async def scenario() -> dict:
         events = EventLog(sampler_log)
-        async with sampler_transport(cfg, "s", None, None, 7, events, "b00t") as transport:
-            trainer.start()
-            link = LinkEmulator(None, cfg.seed, 0)
-            return await asyncio.wait_for(LiveSampler(cfg, worker, transport, link, events, "b00t").run(), 120)
+        trainer.start()
+        return await asyncio.wait_for(serve_sampler(cfg, worker, events=events), 120)
 
     result = asyncio.run(scenario())
     trainer.join(timeout=60)
@@ -69,4 +66,4 @@ def test_learner_and_sampler_through_the_store(tmp_path: Path, tiny_model_dir: P
     held = {(e["version"], e["hash"]) for e in events_of(sampler_log, "weights") if e["ok"]}
     assert held
     assert held <= published
-    print(store.summary(), result)
+    assert store.summary()["intake"]["answered"] >= 1

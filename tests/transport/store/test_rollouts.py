@@ -1,12 +1,17 @@
-"""Rollout groups through a real store (a directory and moto's S3 server) into the learner's real intake: the
-HTTP intake's validation and reasons, receipts a sampler reads back, backpressure, and exactly-once intake across
-a learner crash between journaling a group and deleting its object."""
+"""Uploads through a real store (a directory and moto's S3 server) into the learner's real intake: the same verdicts
+and reasons as over HTTP come back in replies a sampler reads, a full queue answers `busy`, hostile entries of the
+file system are skipped and counted, and a learner crash between journaling and answering loses nothing and
+queues nothing twice."""
 
 from __future__ import annotations
 
 import asyncio
 import io
+import os
 import random
+import shutil
+import socket
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,11 +19,13 @@ import pytest
 from heterorl.eventlog import EventLog
 from heterorl.live.learner_node import open_learner
 from heterorl.loop.intake import body_digest
+from heterorl.loop.protocol import Upload
 from heterorl.rollout_codec import encode_group
-from heterorl.transport.http.client import Backoff
-from heterorl.transport.store.intake import StoreIntake
+from heterorl.transport.backoff import Backoff
+from heterorl.transport.store.intake import StoreIntake, reply_key, upload_key
 from heterorl.transport.store.objects import open_store
-from heterorl.transport.store.sink import StoreRolloutSink
+from heterorl.transport.store.sampler import StoreSamplerSide
+from heterorl.transport.wire import decode_reply, encode_upload
 from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
 
 ROLLOUTS = ["transport.rollouts=store", "transport.store.poll_seconds=0.05"]
@@ -26,14 +33,26 @@ ROLLOUTS = ["transport.rollouts=store", "transport.store.poll_seconds=0.05"]
 
 def opened(live):
     objects = open_store(live.cfg.transport.store)
-    objects.check("rollouts/", None)  # creates the directory of a file:// store
+    objects.check("up/", None)  # creates the directory of a file:// store
     return objects
 
 
-def sink_for(live, objects, name: str = "s", boot: str = "b00t") -> StoreRolloutSink:
-    cfg = live.cfg
-    backoff = Backoff(0.01, 0.05, random.Random(0))
-    return StoreRolloutSink(objects, cfg.transport.store, cfg.live, name, boot, backoff, EventLog(io.StringIO()))
+def intake_of(live, objects) -> StoreIntake:
+    return StoreIntake(objects, live.loop, live.cfg.live.max_body_bytes, live.cfg.cluster.groups_per_upload)
+
+
+def put_upload(objects, bodies: list[bytes], seq: int, session: str = "b00t") -> str:
+    body = encode_upload(
+        Upload("sampler-0", session, seq, 0, groups=tuple(bodies), digests=tuple(map(body_digest, bodies)))
+    )
+    key = upload_key("sampler-0", session, seq, body)
+    objects.put(key, body)
+    return key
+
+
+def outcomes(objects, seq: int, session: str = "b00t") -> list[str] | str:
+    reply = decode_reply(objects.get(reply_key("sampler-0", session, seq), 1 << 20))
+    return reply.refused or [v.outcome for v in reply.verdicts]
 
 
 @pytest.mark.usefixtures("varied_reward")
@@ -43,52 +62,89 @@ def test_every_verdict_of_the_http_intake_comes_back_through_the_store(
     live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *ROLLOUTS, *store_overrides, "learner.steps=2")
     objects = opened(live)
     groups = [encode_group(g) for g in sample_groups(live, tiny_model_dir, 4)]
-    intake = StoreIntake(objects, live.loop, live.cfg.live.max_body_bytes)
-    sink = sink_for(live, objects)
-    objects.put("rollouts/s/b00t/not-a-group.grp", b"junk")
+    intake = intake_of(live, objects)
+    cfg = live.cfg
+    backoff = Backoff(0.01, 0.05, random.Random(0))
+    side_args = (objects, cfg.transport.store, cfg.live, "sampler-0", "b00t", backoff, EventLog(io.StringIO()))
+    objects.put("up/sampler-0/b00t/not-an-upload.up", b"junk")
 
-    async def scenario() -> list[str]:
-        sent = [await sink.send(body, body_digest(body)) for body in groups[:3]]
-        sent.append(await sink.send(groups[3][: len(groups[3]) // 2], body_digest(groups[3])))  # torn upload
-        sent.append(await sink.send(b"x" * 5000, body_digest(b"x" * 5000)))  # over live.max_body_bytes (4096)
-        sent.append(await sink.send(groups[0], body_digest(groups[0])))  # the same group again
-        await asyncio.to_thread(intake.poll)
-        verdicts = await asyncio.wait_for(asyncio.gather(*sent), 30)
-        await sink.close()
-        return verdicts
+    async def scenario() -> list:
+        side = StoreSamplerSide(*side_args, lambda p: p, lambda: (None, 0))
+        replies: list = []
+        ups = [
+            Upload("sampler-0", "b00t", 0, 0, groups=tuple(groups[:3]), digests=tuple(map(body_digest, groups[:3]))),
+            Upload("sampler-0", "b00t", 1, 0, groups=(groups[3],), digests=(body_digest(groups[0]),)),  # corrupted
+            Upload("sampler-0", "b00t", 2, 0, groups=(b"x" * 5000,), digests=(body_digest(b"x" * 5000),)),  # > 4096
+            Upload("sampler-0", "b00t", 3, 0, groups=(groups[0],), digests=(body_digest(groups[0]),)),  # again
+        ]
+        for up in ups:
+            side.exchange(up, replies.append)
+        while len(replies) < len(ups):
+            await asyncio.to_thread(intake.poll)
+            await asyncio.sleep(0.05)
+        side.close()
+        return sorted(replies, key=lambda r: r.seq)
 
-    verdicts = asyncio.run(scenario())
-    assert verdicts == ["accepted", "accepted", "accepted", "corrupt", "too_large", "accepted"]
+    replies = asyncio.run(scenario())
+    assert [r.refused or [v.outcome for v in r.verdicts] for r in replies] == [
+        ["accepted"] * 3,
+        ["corrupt"],
+        "too_large",
+        ["duplicate"],
+    ]
     counters = live.loop.intake.counters
     assert (counters.accepted, counters.duplicates) == (3, 1)
     assert dict(counters.rejected) == {"corrupt": 1, "too_large": 1, "malformed": 1}
     assert len(live.loop.intake.buffer) == 3
-    left = [o.key for o in objects.list("rollouts/")]
-    assert left == ["rollouts/s/b00t/not-a-group.grp.rejected"]  # consumed groups and read markers are gone
-    assert intake.counts == {"accepted": 3, "duplicate": 1, "corrupt": 1, "too_large": 1, "malformed": 1}
+    assert objects.list("up/") == []  # every upload answered and gone (the junk key too)
+    assert objects.list("down/") == []  # every reply read and deleted by the sampler
 
 
 @pytest.mark.usefixtures("varied_reward")
-def test_a_full_queue_leaves_groups_in_the_store_until_there_is_room(
+def test_a_full_queue_answers_busy_for_the_groups_it_cannot_take(
     tmp_path: Path, tiny_model_dir: Path, store_overrides: list[str]
 ) -> None:
     live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *ROLLOUTS, *store_overrides, "live.max_queued_groups=2")
     objects = opened(live)
     bodies = [encode_group(g) for g in sample_groups(live, tiny_model_dir, 3)]
-    for i, body in enumerate(bodies):
-        objects.put(f"rollouts/s/b00t/{i:010d}-{body_digest(body)}.grp", body)
-    intake = StoreIntake(objects, live.loop, live.cfg.live.max_body_bytes)
-    intake.poll()
-    assert intake.counts == {"accepted": 2, "busy": 1}
-    assert len(objects.list("rollouts/")) == 1  # waits in the store, not lost
+    put_upload(objects, bodies, 0)
+    intake_of(live, objects).poll()
+    assert outcomes(objects, 0) == ["accepted", "accepted", "busy"]  # the sampler sends the third again later
     live.loop.intake.take(2, live.loop.learner.version, 0.0)  # the learner trains on the two queued groups
-    intake.poll()
+    put_upload(objects, bodies[2:], 1)
+    intake_of(live, objects).poll()
+    assert outcomes(objects, 1) == ["accepted"]
     assert live.loop.intake.counters.accepted == 3
-    assert objects.list("rollouts/") == []
 
 
 @pytest.mark.usefixtures("varied_reward")
-def test_a_learner_crash_between_journal_and_delete_queues_the_group_once(
+def test_hostile_entries_where_uploads_belong_are_skipped_counted_and_never_stall_the_intake(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    store = Path(tempfile.mkdtemp(prefix="st", dir="/tmp"))  # short: a UNIX socket's path is at most 107 bytes
+    live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *ROLLOUTS, f"transport.store.url=file://{store}")
+    objects = opened(live)
+    bodies = [encode_group(g) for g in sample_groups(live, tiny_model_dir, 2)]
+    folder = store / "up" / "sampler-0" / "b00t"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "0000000007-0123456789abcdef0123456789abcdef.up")  # a FIFO named like an upload
+    os.symlink("loop", folder / "loop")
+    os.symlink(folder / "loop", folder / "0000000008-0123456789abcdef0123456789abcdef.up")  # a symlink loop
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(folder / "0000000009-0123456789abcdef0123456789abcdef.up"))
+    put_upload(objects, bodies, 0)
+    intake = intake_of(live, objects)
+    assert intake.poll() == 1  # the real upload is answered; the rest never opened
+    assert outcomes(objects, 0) == ["accepted", "accepted"]
+    assert intake.poll() == 0  # and they stay refused on every pass, without blocking it
+    skipped = live.loop.intake.counters.rejected
+    assert skipped["not_regular"] >= 3
+    listener.close()
+    shutil.rmtree(store)
+
+
+@pytest.mark.usefixtures("varied_reward")
+def test_a_learner_crash_between_journal_and_answer_queues_the_group_once(
     tmp_path: Path, tiny_model_dir: Path, store_overrides: list[str]
 ) -> None:
     run = tmp_path / "run"
@@ -96,30 +152,27 @@ def test_a_learner_crash_between_journal_and_delete_queues_the_group_once(
     live.checkpoint()  # the state the restarted learner resumes from
     objects = opened(live)
     (group,) = sample_groups(live, tiny_model_dir, 1)
-    body = encode_group(group)
-    key = f"rollouts/s/b00t/{0:010d}-{body_digest(body)}.grp"
-    objects.put(key, body)
+    key = put_upload(objects, [encode_group(group)], 0)
 
-    def crash(key: str) -> None:
+    def crash(key: str, data: bytes) -> None:
         raise SystemExit("the learner died here")
 
-    intake = StoreIntake(objects, live.loop, live.cfg.live.max_body_bytes)
-    objects.delete = crash  # type: ignore[method-assign]
+    put = objects.put
+    objects.put = crash  # type: ignore[method-assign]
     with pytest.raises(SystemExit):
-        intake.poll()
+        intake_of(live, objects).poll()
+    objects.put = put  # type: ignore[method-assign]
     assert live.loop.intake.counters.accepted == 1  # journaled (acknowledged) ...
-    del objects.delete
-    assert [o.key for o in objects.list("rollouts/")] == [key]  # ... but still in the store
+    assert [o.key for o in objects.list("up/")] == [key]  # ... but not answered: still in the store
     live.loop.intake.journal.close()
     live.loop.publisher.close()
 
     again = open_learner(live.cfg, run, str(tiny_model_dir), resume=True, events=EventLog(io.StringIO()))
     again.loop.start()
     assert [g.group_id for g in again.loop.intake.buffer.groups] == [group.group_id]  # from the journal
-    intake = StoreIntake(objects, again.loop, live.cfg.live.max_body_bytes)
-    intake.poll()
-    assert intake.counts == {"duplicate": 1}
+    intake_of(again, objects).poll()
+    assert outcomes(objects, 0) == ["duplicate"]
     assert [g.group_id for g in again.loop.intake.buffer.groups] == [group.group_id]  # once, not twice
-    assert objects.list("rollouts/") == []
+    assert objects.list("up/") == []
     again.loop.intake.journal.close()
     again.loop.publisher.close()

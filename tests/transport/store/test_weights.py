@@ -14,7 +14,7 @@ import torch
 
 from heterorl.config import LiveConfig, StoreConfig, load_config
 from heterorl.eventlog import EventLog
-from heterorl.transport.http.client import Backoff
+from heterorl.transport.backoff import Backoff
 from heterorl.transport.store.manifest import MANIFEST_KEY, Manifest
 from heterorl.transport.store.objects import FsspecStore, ObjectStore, StoreSetupError
 from heterorl.transport.store.publisher import StorePublisher

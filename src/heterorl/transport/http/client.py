@@ -1,11 +1,11 @@
-"""The sampler's side of the wire: an HTTP client of the learner service, retries, and link emulation.
+"""The sampler's side of HTTP: a client of the learner service that only makes outbound requests.
 
-`LearnerClient` makes only outbound requests. Connection failures, timeouts and 502/503/504/507 answers are retried
-with capped exponential backoff and equal jitter (delay = b/2 + U(0, b/2), b = min(cap, initial * 2^k)) from a
-seeded generator, so samplers that lost the learner together do not reconnect in lockstep; a request that keeps
-failing for `live.patience_s` raises `LearnerUnreachableError`. A retried POST sends the same bytes: if the first
-attempt did arrive, the learner answers "duplicate" and queues nothing twice.
-
+Every request is retried through transient failures (connection refused or reset, no answer in time, 502/503/504/
+507) with capped exponential backoff and jitter (`transport.backoff`), sending the same bytes: the conversation is
+idempotent (`loop.protocol`). A dead link is noticed without waiting for a long request timeout: a request whose
+connection does not open, or that receives nothing, for `Liveness.timeout()` (`live.dead_after_s`, longer on a
+link whose round trips are long) is abandoned and retried, and the link is reported down (an event line) until
+the next answer. A learner that answers nothing for `live.patience_s` raises `LearnerUnreachableError`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ import aiohttp
 
 from heterorl.config import LiveConfig
 from heterorl.eventlog import EventLog
+from heterorl.loop.protocol import Reply, Upload
+from heterorl.transport.backoff import Backoff, Liveness
+from heterorl.transport.base import FINISHED, Held
+from heterorl.transport.wire import REPLY_MAGIC, WireError, decode_reply, encode_upload
 
 RETRY_STATUS = frozenset({502, 503, 504, 507})  # 507: the learner's disk is full for now
-DIGEST_HEADER = "X-Heterorl-Digest"
-FINISHED = "finished"
-FINISHED_WAIT = -1.0  # `admit`'s answer once the run is finished
 
 
 class LearnerUnreachableError(RuntimeError):
@@ -32,42 +33,31 @@ class LearnerUnreachableError(RuntimeError):
 
 
 class AuthError(RuntimeError):
-    """The learner refused the token (401): retrying cannot help."""
+    """The learner refused the credential (401): retrying cannot help."""
 
 
 class ProtocolError(RuntimeError):
-    """The learner answered something this client does not understand (a version mismatch or a bug)."""
-
-
-class Backoff:
-    """Capped exponential backoff with equal jitter."""
-
-    def __init__(self, initial_s: float, cap_s: float, rng: random.Random) -> None:
-        self.initial_s, self.cap_s, self.rng = initial_s, cap_s, rng
-        self.failures = 0
-
-    def next_delay(self) -> float:
-        base = min(self.cap_s, self.initial_s * 2.0**self.failures)
-        self.failures += 1
-        return base / 2.0 + self.rng.uniform(0.0, base / 2.0)
-
-    def reset(self) -> None:
-        self.failures = 0
+    """The learner answered something this client does not understand (another program, a version mismatch)."""
 
 
 class LearnerClient:
-    """Requests to one learner service on behalf of one sampler."""
+    """Requests to one learner service on behalf of one sampler session."""
 
-    def __init__(self, url: str, token: str, cfg: LiveConfig, name: str, rng: random.Random, events: EventLog):
+    def __init__(
+        self, url: str, token: str, cfg: LiveConfig, name: str, session: str, rng: random.Random, events: EventLog
+    ):
         self.url = url.rstrip("/")
-        self.cfg, self.name, self.events = cfg, name, events
+        self.cfg, self.name, self.session, self.events = cfg, name, session, events
         self.backoff = Backoff(cfg.backoff_initial_s, cfg.backoff_max_s, rng)
+        self.liveness = Liveness(cfg.dead_after_s)
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session: aiohttp.ClientSession | None = None
         self.last_contact = time.monotonic()
+        self.counts: dict[str, int] = {"retries": 0, "link_down": 0, "link_up": 0}
 
     async def __aenter__(self) -> LearnerClient:
-        self._session = aiohttp.ClientSession(headers=self._headers)
+        connector = aiohttp.TCPConnector(limit=16)  # the uploads in flight, the weight pull, status
+        self._session = aiohttp.ClientSession(headers=self._headers, connector=connector)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -81,31 +71,41 @@ class LearnerClient:
         *,
         params: dict[str, str] | None = None,
         data: bytes | None = None,
-        headers: dict[str, str] | None = None,
         wait_s: float = 0.0,
     ) -> tuple[int, bytes]:
         """(status, body) of the first answer that is not a transient failure; retries the rest."""
         assert self._session is not None, "use `async with LearnerClient(...)`"
-        timeout = aiohttp.ClientTimeout(total=self.cfg.request_timeout_s + wait_s)
         while True:
-            error = ""
+            live = self.liveness.timeout()
+            timeout = aiohttp.ClientTimeout(
+                total=self.cfg.request_timeout_s + wait_s, sock_connect=live, sock_read=live + wait_s
+            )
+            began, error = time.monotonic(), ""
             try:
                 async with self._session.request(
-                    method, self.url + path, params=params, data=data, headers=headers, timeout=timeout
+                    method, self.url + path, params=params, data=data, timeout=timeout
                 ) as response:
                     body = await response.read()
-                    self.last_contact = time.monotonic()
+                    now = time.monotonic()
+                    self.last_contact = now
+                    if self.liveness.answered(max(now - began - wait_s, 0.0), now):
+                        self.counts["link_up"] += 1
+                        self.events.emit("link_up", url=self.url)
                     if response.status == 401:
-                        raise AuthError(f"the learner at {self.url} refused the token (401)")
+                        raise AuthError(f"the learner at {self.url} refused this sampler's credential (401)")
                     if response.status not in RETRY_STATUS:
                         self.backoff.reset()
                         return response.status, body
                     error = f"HTTP {response.status}"
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
+                if self.liveness.timed_out():
+                    self.counts["link_down"] += 1
+                    self.events.emit("link_down", url=self.url, error=error[:200])
             if time.monotonic() - self.last_contact > self.cfg.patience_s:
                 raise LearnerUnreachableError(f"no answer from {self.url} for {self.cfg.patience_s:.0f} s ({error})")
             delay = self.backoff.next_delay()
+            self.counts["retries"] += 1
             self.events.emit("retry", path=path, error=error[:200], delay=round(delay, 3))
             await asyncio.sleep(delay)
 
@@ -115,16 +115,15 @@ class LearnerClient:
             answer = json.loads(body) if status == 200 else None
         except (json.JSONDecodeError, UnicodeDecodeError):
             answer = None
-        if not isinstance(answer, dict):  # another web server, or a wrong path on the learner's
-            raise ProtocolError(f"GET {self.url}/v1/status answered HTTP {status}, not a heterorl learner's status")
+        if not isinstance(answer, dict) or "target_steps" not in answer:
+            raise ProtocolError(f"{self.url} is not a heterorl learner (GET /v1/status answered {status})")
         return answer
 
-    async def pull(
-        self, version: int | None, state_hash: str | None, wait_s: float, idle: float | None, failed: int = 0
-    ) -> bytes | str | None:
+    async def pull(self, held: Held, wait_s: float, idle: float | None, failed: int) -> bytes | str | None:
         """A weight-update envelope, None when already current, or FINISHED. The sampler reports its idle share
         and how many updates it failed to apply (the learner's metrics show them)."""
-        params = {"sampler": self.name, "wait": f"{wait_s:g}", "failed": str(failed)}
+        version, state_hash = held
+        params = {"sampler": self.name, "session": self.session, "wait": f"{wait_s:g}", "failed": str(failed)}
         if version is not None and state_hash is not None:
             params.update(version=str(version), hash=state_hash)
         if idle is not None:
@@ -136,35 +135,14 @@ class LearnerClient:
             return None
         if status == 410:
             return FINISHED
-        raise ProtocolError(f"GET /v1/weights answered {status}: {body[:200]!r}")
+        raise ProtocolError(f"GET {self.url}/v1/weights answered {status}: {body[:200]!r}")
 
-    async def admit(self, n: int, version: int) -> float | None:
-        """Ask to start generating n groups with weights of `version` (AReaL's admission rule): None when granted,
-        else the seconds to wait before asking again (the learner's Retry-After)."""
-        params = {"sampler": self.name, "n": str(n), "version": str(version)}
-        status, body = await self._request("POST", "/v1/admission", params=params)
-        if status == 200:
-            return None
-        if status == 410:
-            return FINISHED_WAIT
-        if status == 429:
+    async def exchange(self, upload: Upload) -> Reply:
+        """POST one upload; the learner's reply (whatever its status: a refused group is a 4xx with a reply)."""
+        status, body = await self._request("POST", "/v1/exchange", data=encode_upload(upload))
+        if body.startswith(REPLY_MAGIC):
             try:
-                wait = float(json.loads(body)["retry_after"])
-            except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-                wait = self.cfg.backoff_initial_s
-            return min(max(wait, 0.01), self.cfg.backoff_max_s)
-        raise ProtocolError(f"POST /v1/admission answered {status}: {body[:200]!r}")
-
-    async def push(self, payload: bytes, digest: str) -> str:
-        """POST one encoded group (with the digest of the bytes as generated): "accepted", "duplicate", FINISHED,
-        or the learner's rejection reason."""
-        status, body = await self._request(
-            "POST", "/v1/rollouts", params={"sampler": self.name}, data=payload, headers={DIGEST_HEADER: digest}
-        )
-        if status == 410:
-            return FINISHED
-        try:
-            outcome = json.loads(body).get("outcome")
-        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
-            outcome = None
-        return outcome if isinstance(outcome, str) else f"http_{status}"
+                return decode_reply(body, len(upload.groups))
+            except WireError as err:
+                raise ProtocolError(f"POST {self.url}/v1/exchange answered an unreadable reply: {err}") from None
+        raise ProtocolError(f"POST {self.url}/v1/exchange answered {status}: {body[:200]!r}")

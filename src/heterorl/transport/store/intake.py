@@ -1,17 +1,20 @@
-"""Rollouts in, from a store: the learner lists the samplers' uploads, downloads each group, offers it to the loop's
-intake (the same decoding, validation, de-duplication, journal and counted reasons as an HTTP POST), and retires
-the object only after the verdict: deleted once the group is journaled (accepted or duplicate), replaced by a
-`.rejected` marker holding the reason when refused, left in place when the queue is full (`busy`).
+"""Uploads in, from a store: the learner lists the samplers' uploads, answers each through `LearnerLoop.exchange`
+(the same intake, admission and verdicts as over HTTP), writes the reply where the sampler looks for it, and only
+then deletes the upload.
 
-Exactly once, a learner crash included: a group is journaled before its object is deleted, so a learner killed in
-between finds the object again after `--resume` and the intake answers `duplicate` (the journal replay knows its
-group id), which deletes it. Keys name the digest of the bytes as the sampler generated them: a torn or corrupted
-object is refused as `corrupt`; an object over `live.max_body_bytes` as `too_large` (without downloading it); a
-key that is not a group's as `malformed`. Samplers are served round robin, so one fast sampler cannot starve the
-others while the queue is nearly full.
+Exactly once, a learner crash included: a group is journaled before its reply is written and its upload deleted,
+so a learner killed in between finds the upload again after `--resume`, and the intake answers its groups
+`duplicate` (the journal replay knows their ids). Keys name the digest of the upload's bytes as the sampler wrote
+them: a torn or corrupted upload is answered `corrupt` without reading its groups; one over `live.max_body_bytes`
+`too_large` (without downloading it); a key that is not an upload's, or whose sampler or session differs from what
+the upload says, `malformed` (deleted). Where an upload belongs, a file system entry that is not a regular file (a
+FIFO, socket, device, symlink or folder: `objects.Listing.skipped`) is never opened; it is counted once as
+`not_regular` and logged, and the pass goes on. A read that hangs is abandoned for that object only
+(`ObjectTimeout`). Sessions are served round robin, each in order of its uploads, so one fast sampler cannot starve
+the others while the learner's queue is nearly full.
 
 Also here: `read_heartbeats`, the learner's view of samplers that pull weights from the store (their
-`samplers/<name>.json`), fed to `loop.peers` exactly as HTTP pulls are.
+`samplers/<name>.json`), fed to the loop exactly as HTTP pulls are (reports, and their leases renewed).
 """
 
 from __future__ import annotations
@@ -23,77 +26,120 @@ import re
 from collections import Counter
 from typing import Any
 
-from heterorl.loop.intake import ACKED, Verdict
-from heterorl.loop.learner_loop import LearnerLoop
-from heterorl.transport.store.manifest import ROLLOUTS, SAMPLERS
-from heterorl.transport.store.objects import ObjectInfo, ObjectMissing, ObjectStore
-from heterorl.transport.store.sink import REJECTED
+import xxhash
 
-_GROUP_KEY = re.compile(r"^rollouts/([A-Za-z0-9._-]{1,128})/([A-Za-z0-9_-]{1,64})/([0-9]{1,12})-([0-9a-f]{32})\.grp$")
+from heterorl.loop.learner_loop import LearnerLoop
+from heterorl.loop.protocol import Reply
+from heterorl.transport.store.manifest import REPLIES, SAMPLERS, UPLOADS
+from heterorl.transport.store.objects import ObjectInfo, ObjectMissing, ObjectNotRegular, ObjectStore, ObjectTimeout
+from heterorl.transport.wire import WireError, decode_upload, encode_reply
+
+UPLOAD_KEY = re.compile(r"^up/([A-Za-z0-9._-]{1,128})/([A-Za-z0-9_-]{1,64})/([0-9]{10})-([0-9a-f]{32})\.up$")
 MAX_HEARTBEAT_BYTES = 4096
+MAX_REMEMBERED = 100_000  # hostile entries counted once each (bounded memory)
+
+
+def upload_key(sampler: str, session: str, seq: int, body: bytes) -> str:
+    return f"{UPLOADS}{sampler}/{session}/{seq:010d}-{xxhash.xxh3_128_hexdigest(body)}.up"
+
+
+def reply_key(sampler: str, session: str, seq: int) -> str:
+    return f"{REPLIES}{sampler}/{session}/{seq:010d}.reply"
 
 
 class StoreIntake:
-    """One pass over the store's rollouts per `poll` call (run by the learner's store thread)."""
+    """One pass over the store's uploads per `poll` call (run by the learner's store thread)."""
 
-    def __init__(self, objects: ObjectStore, loop: LearnerLoop, max_body_bytes: int) -> None:
-        self.objects, self.loop, self.max_body = objects, loop, max_body_bytes
-        self.counts: Counter[str] = Counter()  # outcomes of store objects (the loop's counters have the reasons)
+    def __init__(self, objects: ObjectStore, loop: LearnerLoop, max_body_bytes: int, max_groups: int) -> None:
+        self.objects, self.loop, self.max_body, self.max_groups = objects, loop, max_body_bytes, max_groups
+        self.counts: Counter[str] = Counter()  # what happened to upload objects (the loop counts the groups)
         self.downloaded = 0
+        self.refused_entries: set[str] = set()  # keys of entries that are not regular files, counted already
 
     def poll(self) -> int:
-        """Offer every group in the store (round robin across samplers) until the queue is full; returns the
-        number of objects handled. StoreUnavailable propagates (the caller backs off)."""
-        listing = [o for o in self.objects.list(ROLLOUTS) if o.key.endswith(".grp")]
+        """Answer every upload in the store (sessions round robin); returns the number answered. StoreUnavailable
+        propagates (the caller backs off)."""
+        listing = self.objects.list(UPLOADS)
+        for entry in getattr(listing, "skipped", ()):
+            self._not_regular(entry.key, entry.kind)
         handled = 0
-        for info in _round_robin(listing):
-            verdict = self._one(info)
-            if verdict is None:
-                continue
-            handled += 1
-            self.counts[verdict.outcome] += 1
-            if verdict.outcome in ("busy", "finished"):
-                break
+        for info in _round_robin([o for o in listing if o.key.endswith(".up")]):
+            if self._one(info):
+                handled += 1
         return handled
 
-    def _one(self, info: ObjectInfo) -> Verdict | None:
-        match = _GROUP_KEY.match(info.key)
+    def _not_regular(self, key: str, kind: str) -> None:
+        """Count (once) an entry that is not a regular file where an upload belongs; it is never opened."""
+        if key in self.refused_entries or len(self.refused_entries) >= MAX_REMEMBERED:
+            return
+        self.refused_entries.add(key)
+        self.loop.intake.reject("not_regular", f"a {kind} at {key[:120]}")
+        self.counts["not_regular"] += 1
+
+    def _one(self, info: ObjectInfo) -> bool:
+        match = UPLOAD_KEY.match(info.key)
         if match is None:
-            return self._retire(info.key, self.loop.intake.reject("malformed", f"not a group key: {info.key[:100]}"))
-        sampler, digest = match.group(1), match.group(4)
-        self.loop.peers.heard(sampler)
+            self._refuse_key(info.key, "malformed", f"not an upload key: {info.key[:100]}")
+            return True
+        sampler, session, seq, digest = match.group(1), match.group(2), int(match.group(3)), match.group(4)
         if info.size > self.max_body:
-            return self._retire(info.key, self.loop.intake.reject("too_large", f"{info.size} bytes > {self.max_body}"))
+            reply = self._refuse("too_large", f"{info.size} bytes > {self.max_body}", seq)
+            return self._answer(info.key, sampler, session, seq, reply)
         try:
             body = self.objects.get(info.key, self.max_body)
+        except ObjectNotRegular as err:  # swapped for a FIFO or a symlink after the listing
+            self._not_regular(info.key, err.kind)
+            return False
         except ObjectMissing:
-            return None  # gone meanwhile (another learner life deleted it)
+            return False  # gone meanwhile (another learner life answered it)
+        except ObjectTimeout:  # a hung read: that object is tried again at the next pass, the others go on
+            self.counts["timeout"] += 1
+            return False
         self.downloaded += len(body)
         if len(body) > self.max_body:
-            return self._retire(info.key, self.loop.intake.reject("too_large", f"over {self.max_body} bytes"))
-        return self._retire(info.key, self.loop.offer(body, digest))
+            return self._answer(info.key, sampler, session, seq, self._refuse("too_large", "over the limit", seq))
+        if xxhash.xxh3_128_hexdigest(body) != digest:
+            reply = self._refuse("corrupt", "the upload does not match the digest in its key", seq)
+            return self._answer(info.key, sampler, session, seq, reply)
+        try:
+            upload = decode_upload(body, self.max_groups)
+        except WireError as err:
+            return self._answer(info.key, sampler, session, seq, self._refuse("malformed", str(err), seq))
+        if (upload.sampler, upload.session, upload.seq) != (sampler, session, seq):
+            self._refuse_key(info.key, "malformed", "the upload's sampler, session or seq differs from its key")
+            return True
+        reply = self.loop.exchange(upload)
+        return self._answer(info.key, sampler, session, seq, reply)
 
-    def _retire(self, key: str, verdict: Verdict) -> Verdict:
-        """Delete a group the learner has (journaled) or refused (marker first); keep it while busy/finished."""
-        if verdict.outcome in ACKED:
-            self.objects.delete(key)
-        elif verdict.outcome not in ("busy", "finished"):
-            marker = {"outcome": verdict.outcome, "detail": verdict.detail[:300]}
-            self.objects.put(key + REJECTED, json.dumps(marker).encode())
-            self.objects.delete(key)
-        return verdict
+    def _refuse(self, reason: str, detail: str, seq: int) -> Reply:
+        self.loop.intake.reject(reason, detail)
+        return Reply(seq=seq, refused=reason, detail=detail[:200])
+
+    def _refuse_key(self, key: str, reason: str, detail: str) -> None:
+        """An object nobody can be answered for: counted and deleted."""
+        self.loop.intake.reject(reason, detail)
+        self.counts[reason] += 1
+        self.objects.delete(key)
+
+    def _answer(self, key: str, sampler: str, session: str, seq: int, reply: Reply) -> bool:
+        """The reply first, then the upload goes: a crash in between answers it again (idempotently)."""
+        self.objects.put(reply_key(sampler, session, seq), encode_reply(reply))
+        self.objects.delete(key)
+        self.counts[reply.refused or "answered"] += 1
+        return True
 
 
 def _round_robin(listing: list[ObjectInfo]) -> list[ObjectInfo]:
-    by_sampler: dict[str, list[ObjectInfo]] = {}
+    """Uploads by session (each in seq order: keys sort by seq), sessions interleaved."""
+    by_session: dict[str, list[ObjectInfo]] = {}
     for info in listing:
-        by_sampler.setdefault(info.key.split("/", 2)[1], []).append(info)
-    columns = [by_sampler[name] for name in sorted(by_sampler)]
+        by_session.setdefault("/".join(info.key.split("/", 3)[1:3]), []).append(info)
+    columns = [by_session[s] for s in sorted(by_session)]
     return [i for row in itertools.zip_longest(*columns) for i in row if i is not None]
 
 
 def read_heartbeats(objects: ObjectStore, loop: LearnerLoop, seen: dict[str, Any]) -> None:
-    """Feed `loop.peers` from the samplers' heartbeats; `seen` remembers each one's last `time` (a sampler counts
+    """Feed the loop from the samplers' heartbeats; `seen` remembers each one's last `time` (a sampler counts
     as heard from only when its heartbeat changed). Malformed heartbeats are skipped."""
     for info in objects.list(SAMPLERS):
         if not info.key.endswith(".json") or info.size > MAX_HEARTBEAT_BYTES:
@@ -106,9 +152,10 @@ def read_heartbeats(objects: ObjectStore, loop: LearnerLoop, seen: dict[str, Any
             continue
         seen[info.key] = beat.get("time")
         name = info.key.removeprefix(SAMPLERS).removesuffix(".json")
-        version, idle, failed = beat.get("version"), beat.get("idle"), beat.get("failed")
-        loop.peers.heard(
+        version, idle, failed, session = beat.get("version"), beat.get("idle"), beat.get("failed"), beat.get("session")
+        loop.heard(
             name,
+            session if isinstance(session, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", session) else None,
             version if _is_int(version) else None,
             float(idle) if isinstance(idle, float | int) and math.isfinite(idle) and 0 <= idle <= 1 else None,
             failed if _is_int(failed) else None,

@@ -1,6 +1,7 @@
-"""The learner's side of the store, beside its HTTP service: weights out (`StorePublisher`), rollouts in
-(`StoreIntake`), the samplers' heartbeats, and the `finished` marker -- in one thread that polls the store every
-`poll_seconds`, backing off while the store is away (each failed round counted as `outage`).
+"""The learner's side of the store, beside its HTTP service: weights out (`StorePublisher`), uploads in and
+replies out (`StoreIntake`), the samplers' heartbeats, and the `finished` marker -- in one thread that looks at the
+store again at once after it found uploads and after waits doubling up to `poll_seconds` while it finds none
+(`Cadence`), backing off while the store is away (each failed round counted as `outage`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 from heterorl.config import RunConfig
 from heterorl.eventlog import EventLog
 from heterorl.loop.learner_loop import LearnerLoop
+from heterorl.transport.store.cadence import Cadence
 from heterorl.transport.store.intake import StoreIntake, read_heartbeats
-from heterorl.transport.store.manifest import ROLLOUTS
+from heterorl.transport.store.manifest import UPLOADS
 from heterorl.transport.store.objects import ObjectStore, StoreSetupError, StoreUnavailable
 from heterorl.transport.store.publisher import StorePublisher
 
@@ -46,10 +48,11 @@ class StoreLearnerSide:
         if cfg.transport.weights == "store":
             self.publisher = StorePublisher(objects, loop.store, store_cfg, resume=resume, on_uploaded=self._uploaded)
             loop.publisher.on_published.append(self.publisher.published)
-        elif not resume and objects.list(ROLLOUTS):
-            raise StoreSetupError(f"{objects.url} already holds rollout groups: use a new prefix for every run")
+        elif not resume and objects.list(UPLOADS):
+            raise StoreSetupError(f"{objects.url} already holds uploads: use a new prefix for every run")
         if cfg.transport.rollouts == "store":
-            self.intake = StoreIntake(objects, loop, cfg.live.max_body_bytes)
+            self.intake = StoreIntake(objects, loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload)
+        self.cadence = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds)
         self._heartbeats: dict[str, Any] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="store", daemon=True)
@@ -65,11 +68,13 @@ class StoreLearnerSide:
 
     def _run(self) -> None:
         delay = self.poll_s
+        beats_at = 0.0
         while not self._stop.is_set():
             try:
                 handled = self.intake.poll() if self.intake is not None else 0
-                if self.publisher is not None:
+                if time.monotonic() - beats_at >= self.poll_s:  # heartbeats change slowly: every poll_seconds
                     read_heartbeats(self.objects, self.loop, self._heartbeats)
+                    beats_at = time.monotonic()
             except StoreUnavailable as err:
                 self.counts["outage"] += 1
                 self.events.emit("store", fault="outage", detail=str(err)[:300])
@@ -80,8 +85,7 @@ class StoreLearnerSide:
             if self.is_finished():
                 self._finish()
                 return
-            if not handled:
-                self._stop.wait(self.poll_s)
+            self._stop.wait(self.cadence.found() if handled else self.cadence.nothing())
 
     def _finish(self) -> None:
         """Upload the last version, then write the `finished` marker (store samplers stop on it)."""

@@ -5,8 +5,9 @@ Layout under the run's URL (one prefix per run):
     weights/manifest.json                       the manifest, rewritten after every version (always written last)
     weights/objects/<name>.bin                  snapshots and patches; immutable, named by version and content hash
     finished.json                               written once the learner's last step is done
-    samplers/<name>.json                        each sampler's heartbeat (held version, idle share, failed updates)
-    rollouts/<sampler>/<boot>/<n>-<digest>.grp  encoded rollout groups (rollout_codec), and `.rejected` markers
+    samplers/<name>.json                        each sampler's heartbeat (session, held version, idle, failed updates)
+    up/<sampler>/<session>/<seq>-<digest>.up    a sampler's uploads (`transport.wire`): groups and admission totals
+    down/<sampler>/<session>/<seq>.reply        the learner's reply to each upload (verdicts, slots granted)
 
 Manifest (JSON, sorted keys): `format`, `run` (id of the run), `epoch` (learner life: +1 at each resume),
 `seq` (manifests written in this life), `versions` ([version, state hash] pairs, oldest first) and `objects`
@@ -32,7 +33,8 @@ MANIFEST_KEY = "weights/manifest.json"
 OBJECTS = "weights/objects/"
 FINISHED_KEY = "finished.json"
 SAMPLERS = "samplers/"
-ROLLOUTS = "rollouts/"
+UPLOADS = "up/"
+REPLIES = "down/"
 MAX_VERSIONS = 100_000
 MAX_OBJECTS = 100_000
 MAX_VERSION = 2**53 - 1

@@ -1,30 +1,42 @@
-"""Objects under one URL prefix: put (atomic), get (bounded), list, delete -- through fsspec, or in memory.
+"""Objects under one URL prefix: put (atomic), get (bounded), list, delete -- in a directory, in S3, or in memory.
 
-`FsspecStore` serves `file://` (a shared or network file system: HeteroRL's set-up) and `s3://` (AWS S3, Cloudflare
-R2, MinIO, GCS's S3 API, via s3fs); `MemoryStore` is the same interface in a dict, for the simulator and tests.
-Every store operation ends in one of four ways: it worked; `ObjectMissing` (no such object); `StoreUnavailable`
-(the store did not answer or failed: retry with backoff); `StoreSetupError` (a mistake only a person can fix:
-no credentials, access denied, no bucket -- one line that says what to do).
+`FsspecStore` serves `file://` (a shared or network file system: HeteroRL's set-up; through localfs.py) and `s3://`
+(AWS S3, Cloudflare R2, MinIO, GCS's S3 API, via fsspec's s3fs); `MemoryStore` is the same interface in a dict, for
+the simulator and tests. Every store operation ends in one of four ways: it worked; `ObjectMissing` (no such object;
+its subclass `ObjectNotRegular`: something that is not a regular file is where the object belongs, refused without
+reading it); `StoreUnavailable` (the store did not answer or failed: retry with backoff; its subclass
+`ObjectTimeout` names the one object whose call made no progress, while other calls may still work);
+`StoreSetupError` (a mistake only a person can fix: no credentials, access denied, no bucket -- one line that says
+what to do).
 
 Atomic puts: an S3 PUT becomes visible whole or not at all; on a file system the bytes go to a hidden temporary
 name in the same directory and are renamed into place (rename is atomic on POSIX file systems and NFS), and
 listings skip the temporary names. A reader therefore never sees half an object written by heterorl.
+
+Hostile or broken file systems (`file://`, see localfs.py): a listing holds regular files only and reports every
+other entry it met (a FIFO, socket, device, symlink -- a loop or one out of the root -- an unreadable folder) in
+`Listing.skipped` with its kind, without opening it; `get` refuses such an entry with `ObjectNotRegular` (its
+`kind`), reads at most max_bytes + 1 bytes, and raises `ObjectTimeout` when the file system shows no progress for
+`transport.store.timeout_s`; no symlink below the root is followed, so nothing outside the root is read or written.
+On S3 there are no such entries; reads are bounded by a Range request, and botocore's connect and read timeouts
+(`timeout_s`, per socket read) bound every call.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import secrets
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from heterorl.config import StoreConfig
+from heterorl.transport.store import localfs
+from heterorl.transport.store.localfs import KINDS, TMP_PREFIX
 
-TMP_PREFIX = ".tmp-"
+T = TypeVar("T")
 
 
 class StoreUnavailable(OSError):  # noqa: N818 (reads as a state: "the store is unavailable")
@@ -39,6 +51,24 @@ class ObjectMissing(LookupError):  # noqa: N818
     """No object under that key (never written, deleted by retention, or lost)."""
 
 
+class ObjectNotRegular(ObjectMissing):
+    """Where the object belongs there is no regular file heterorl may read: `kind` is one of KINDS ('symlink',
+    'fifo', 'socket', 'char_device', 'block_device', 'directory', 'other', 'unreadable'). Nothing was read; a
+    caller that only handles ObjectMissing treats it as absent, one that counts refusals catches it first."""
+
+    def __init__(self, key: str, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.key, self.kind = key, kind
+
+
+class ObjectTimeout(StoreUnavailable):
+    """One object's read or write showed no progress for `timeout_s` (a hung or very slow file system)."""
+
+    def __init__(self, key: str, detail: str) -> None:
+        super().__init__(detail)
+        self.key = key
+
+
 class StoreSetupError(RuntimeError):
     """The store cannot be used as configured; the message says why and what to do."""
 
@@ -47,6 +77,25 @@ class StoreSetupError(RuntimeError):
 class ObjectInfo:
     key: str  # relative to the store's root, '/'-separated
     size: int
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """An entry a listing met that is not an object, and was not opened."""
+
+    key: str
+    kind: str  # one of localfs.KINDS
+
+    def __post_init__(self) -> None:
+        assert self.kind in KINDS, f"unknown kind {self.kind!r}"
+
+
+class Listing(list[ObjectInfo]):
+    """The objects (regular files, sorted by key), and in `skipped` every other entry met, with its kind."""
+
+    def __init__(self, objects: list[ObjectInfo], skipped: list[Skipped] | None = None) -> None:
+        super().__init__(objects)
+        self.skipped: list[Skipped] = skipped or []
 
 
 class ObjectStore(ABC):
@@ -63,8 +112,9 @@ class ObjectStore(ABC):
         """The object's bytes; at most max_bytes + 1 are read (a longer result means "too large")."""
 
     @abstractmethod
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        """Every object whose key starts with `prefix` (a folder, ending in '/'), sorted by key."""
+    def list(self, prefix: str) -> Listing:
+        """Every object whose key starts with `prefix` (a folder, ending in '/'), sorted by key; `.skipped`: the
+        entries there that are not objects (a FIFO, a symlink...), for the caller to count (never opened)."""
 
     @abstractmethod
     def delete(self, key: str) -> None:
@@ -96,10 +146,10 @@ class MemoryStore(ObjectStore):
                 raise ObjectMissing(key)
             return self.objects[key][: max_bytes + 1]
 
-    def list(self, prefix: str) -> list[ObjectInfo]:
+    def list(self, prefix: str) -> Listing:
         with self._lock:
             self._check()
-            return [ObjectInfo(k, len(v)) for k, v in sorted(self.objects.items()) if k.startswith(prefix)]
+            return Listing([ObjectInfo(k, len(v)) for k, v in sorted(self.objects.items()) if k.startswith(prefix)])
 
     def delete(self, key: str) -> None:
         with self._lock:
@@ -108,7 +158,8 @@ class MemoryStore(ObjectStore):
 
 
 class FsspecStore(ObjectStore):
-    """A `file://` or `s3://` prefix through fsspec (s3fs for S3). Calls block: run them off event loops."""
+    """A `file://` prefix (localfs: safe against hostile entries, bounded in time) or an `s3://` one (s3fs).
+    Calls block: run them off event loops."""
 
     def __init__(self, cfg: StoreConfig) -> None:
         if cfg.url is None:
@@ -117,17 +168,15 @@ class FsspecStore(ObjectStore):
         parts = urlsplit(self.url)
         self.local = parts.scheme == "file"
         if self.local:
-            import fsspec
-
             self.root = parts.path.rstrip("/") or "/"
-            self.fs: Any = fsspec.filesystem("file")
+            self.watchdog = localfs.Watchdog(cfg.timeout_s)
         else:
             self.bucket = parts.netloc
             self.root = (parts.netloc + parts.path).rstrip("/")
             self.fs = _s3_filesystem(cfg)
 
     def _path(self, key: str) -> str:
-        if not key or key.startswith("/") or ".." in key.split("/"):
+        if not key or key.startswith("/") or "\0" in key or any(p in ("", ".", "..") for p in key.split("/")):
             raise ValueError(f"invalid object key {key!r}")
         return f"{self.root}/{key}"
 
@@ -143,55 +192,79 @@ class FsspecStore(ObjectStore):
         except Exception as err:
             raise _classify(self.url, what, err) from err
 
-    def _check_root(self) -> None:
-        """A vanished mount must not look like an empty folder (a sampler would take absent groups as consumed)."""
-        if self.local and not os.path.isdir(self.root):
-            raise StoreUnavailable(f"{self.url}: the directory is not there (file system unmounted?)")
+    def _local(self, what: str, key: str, fn: Callable[[localfs.Beat], T]) -> T:
+        """Run a localfs call under the watchdog and map its outcome to the store's errors."""
+        try:
+            return self.watchdog.run(what, fn)
+        except localfs.NotRegular as err:
+            raise ObjectNotRegular(key, err.kind, f"{self.url}: {what}: {err}") from None
+        except localfs.RootMissing as err:
+            raise StoreUnavailable(f"{self.url}: {err.strerror}") from None
+        except localfs.TooManyHung as err:
+            raise StoreUnavailable(f"{self.url}: {err}") from None
+        except localfs.Stalled as err:
+            raise ObjectTimeout(key, f"{self.url}: {err}") from None
+        except (FileNotFoundError, NotADirectoryError) as err:
+            raise ObjectMissing(f"{what}: {err}") from None
+        except PermissionError as err:
+            raise StoreSetupError(
+                f"access denied to {self.url} ({what}): give this role the permissions docs/deployment.md lists ({err})"
+            ) from None
+        except OSError as err:
+            raise StoreUnavailable(f"{self.url}: {what}: {type(err).__name__}: {err}"[:500]) from None
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
         if not self.local:
             self._call(f"put {key}", self.fs.pipe_file, path, data)
             return
-        self._check_root()
-        folder, name = path.rsplit("/", 1)
-        tmp = f"{folder}/{TMP_PREFIX}{secrets.token_hex(6)}-{name}"
         try:
-            os.makedirs(folder, exist_ok=True)
-            self._call(f"put {key}", self.fs.pipe_file, tmp, data)
-            self._call(f"put {key}", self.fs.mv, tmp, path)
-        except (ObjectMissing, FileNotFoundError) as err:  # the folder vanished under us
+            self._local(f"put {key}", key, lambda beat: localfs.write(self.root, key, data, beat))
+        except ObjectNotRegular:
+            raise
+        except ObjectMissing as err:  # a folder vanished under us, or a file is where a folder belongs
             raise StoreUnavailable(f"{self.url}: put {key}: {err}") from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
 
     def get(self, key: str, max_bytes: int) -> bytes:
+        path = self._path(key)
         if self.local:
-            self._check_root()
-        return bytes(self._call(f"get {key}", self.fs.cat_file, self._path(key), start=0, end=max_bytes + 1))
+            return self._local(f"get {key}", key, lambda beat: localfs.read(self.root, key, max_bytes, beat))
+        # a Range request: S3 sends at most max_bytes + 1 bytes (the slice guards against a server that ignores it)
+        return bytes(self._call(f"get {key}", self.fs.cat_file, path, start=0, end=max_bytes + 1)[: max_bytes + 1])
 
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        self._check_root()
+    def list(self, prefix: str) -> Listing:
+        if prefix:
+            self._path(prefix.rstrip("/") or "/")  # the same rules as keys
+        if self.local:
+            found = self._local(f"list {prefix}", prefix, lambda beat: localfs.scan(self.root, prefix, beat))
+            files, skipped = found
+            return Listing([ObjectInfo(k, n) for k, n in files], [Skipped(k, kind) for k, kind in skipped])
         base = f"{self.root}/{prefix}".rstrip("/")
         try:
             found = self._call(f"list {prefix}", self.fs.find, base, detail=True)
         except ObjectMissing:
-            if self.local:
-                return []
             raise BucketMissing(f"{self.url}: the bucket {self.bucket!r} is not there") from None
         out = []
         for path, info in found.items():
             if not path.startswith(self.root + "/") or info.get("type") == "directory":
                 continue
             key = path[len(self.root) + 1 :]
-            if not key.rsplit("/", 1)[-1].startswith(TMP_PREFIX):
+            if key.startswith(prefix) and not key.rsplit("/", 1)[-1].startswith(TMP_PREFIX):
                 out.append(ObjectInfo(key, int(info.get("size") or 0)))
-        return sorted(out, key=lambda o: o.key)
+        return Listing(sorted(out, key=lambda o: o.key))
 
     def delete(self, key: str) -> None:
-        with contextlib.suppress(ObjectMissing):
-            self._call(f"delete {key}", self.fs.rm_file, self._path(key))
+        """A symlink, FIFO, socket or device under `key` is unlinked too (never opened); a folder is refused."""
+        path = self._path(key)
+        try:
+            if self.local:
+                self._local(f"delete {key}", key, lambda beat: localfs.remove(self.root, key, beat))
+            else:
+                self._call(f"delete {key}", self.fs.rm_file, path)
+        except ObjectNotRegular:
+            raise
+        except ObjectMissing:
+            pass
 
     def check(self, list_prefix: str, probe_key: str | None) -> None:
         """Fail now, with one line, if the store cannot be used: bucket absent, no credentials, access denied.

@@ -33,7 +33,9 @@ from typing import Any
 
 from heterorl.config import LiveConfig, StoreConfig
 from heterorl.eventlog import EventLog
-from heterorl.transport.http.client import FINISHED, Backoff
+from heterorl.transport.backoff import Backoff
+from heterorl.transport.base import FINISHED
+from heterorl.transport.store.cadence import Cadence
 from heterorl.transport.store.manifest import (
     FINISHED_KEY,
     MANIFEST_KEY,
@@ -76,8 +78,9 @@ class StoreWeightSource:
         backoff: Backoff,
         events: EventLog,
         merge: Callable[[list[bytes]], bytes],
+        session: str = "",
     ) -> None:
-        self.objects, self.cfg, self.live, self.name = objects, cfg, live, name
+        self.objects, self.cfg, self.live, self.name, self.session = objects, cfg, live, name, session
         self.backoff, self.events, self.merge = backoff, events, merge
         self.counts: Counter[str] = Counter()
         self.manifest: Manifest | None = None
@@ -92,8 +95,10 @@ class StoreWeightSource:
     async def pull(
         self, version: int | None, state_hash: str | None, wait_s: float, idle: float | None, failed: int = 0
     ) -> bytes | str | None:
-        """An update envelope to the newest version, None when current (after waiting up to `wait_s`), FINISHED."""
+        """An update envelope to the newest version, None when current (after waiting up to `wait_s`), FINISHED.
+        The manifest is read again at a `Cadence` (quickly at first, then every `poll_seconds`)."""
         deadline = time.monotonic() + max(wait_s, self.cfg.poll_seconds if version is None else 0.0)
+        cadence = Cadence(self.cfg.first_poll_seconds, self.cfg.poll_seconds)
         while True:
             try:
                 await asyncio.to_thread(self._heartbeat, version, state_hash, idle, failed)
@@ -113,7 +118,7 @@ class StoreWeightSource:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            await asyncio.sleep(min(self.cfg.poll_seconds, left))
+            await asyncio.sleep(min(cadence.nothing(), left))
 
     # ---------------------------------------------------------------- one poll (blocking)
     def _poll(self, version: int | None, state_hash: str | None) -> bytes | str | None:
@@ -122,7 +127,16 @@ class StoreWeightSource:
             got = self.update_from(manifest, version, state_hash)
             if got is not None:
                 return got
-        return FINISHED if self._finished(manifest) else None
+        if not self._finished(manifest):
+            return None
+        # The learner writes the marker after its last manifest: a manifest read now is the final one, while the
+        # one read above may be older (the last version and the marker can land between the two reads).
+        manifest = self._read_manifest()
+        if manifest is not None:
+            got = self.update_from(manifest, version, state_hash)
+            if got is not None:
+                return got
+        return FINISHED
 
     def update_from(self, manifest: Manifest, version: int | None, state_hash: str | None) -> bytes | None:
         """The envelope from (version, hash) to `manifest`'s newest version, None when current or out of reach
@@ -220,7 +234,8 @@ class StoreWeightSource:
         now = time.monotonic()
         if state == self._beat and now - self._beat_at < HEARTBEAT_S:
             return
-        body = {"name": self.name, "version": version, "hash": state_hash, "failed": failed, "faults": self.counts}
+        body = {"name": self.name, "session": self.session, "version": version, "hash": state_hash, "failed": failed}
+        body["faults"] = self.counts
         body["idle"] = None if idle is None else round(min(max(idle, 0.0), 1.0), 4)
         body["time"] = time.time()
         self.objects.put(f"{SAMPLERS}{self.name}.json", json.dumps(body, sort_keys=True).encode())

@@ -1,19 +1,13 @@
-"""Network models: per-message delay, bandwidth, and fault injection for the links between learner and samplers.
-
-Pure objects, no I/O: every random draw goes through a `numpy.random.Generator` handed in or owned by a `Link`,
-so the same config and seed give the same delays bit for bit. The simulated cluster turns these numbers into
-virtual time; the live cluster may use them to inject artificial delay and loss into a real transport.
-
-Delay models (chosen by the config's `kind`, see `make_delay`):
+"""Delay models: distributions of one-way delays, chosen by the config's `kind` (see `make_delay`).
 
 - fixed:        delay = seconds
 - uniform:      delay ~ U[low, high]
 - exponential:  delay = offset + Exp(mean)
 - lognormal:    HeteroRL's band-fitted log-normal, shifted by `offset` and clipped to [lower, upper]
 - weibull:      the same construction with a Weibull distribution
+- empirical:    a measured distribution (samples or quantiles), drawn by inverse CDF with linear interpolation
 
-A message's transfer time on a link is `delay + nbytes * 8 / (bandwidth_mbps * 1e6)` (no bandwidth term when the
-bandwidth is unlimited).
+Every draw goes through the `numpy.random.Generator` handed in, so the same seed gives the same delays.
 """
 
 from __future__ import annotations
@@ -21,28 +15,21 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Literal
 
 import numpy as np
 
 from heterorl.config import (
     DelayConfig,
+    EmpiricalDelay,
     ExponentialDelay,
-    FaultConfig,
     FixedDelay,
-    LinkConfig,
     LogNormalDelay,
     UniformDelay,
     WeibullDelay,
 )
 
-LinkPath = Literal["weights", "rollout"]
-"""The two directions of a link: weights travel learner -> sampler, rollout groups sampler -> learner."""
 
-
-# --- delay models
 class DelayModel(ABC):
     """A distribution of one-way message delays, in seconds.
 
@@ -249,131 +236,49 @@ class Weibull(BandDelay):
         return -math.expm1(-((x / self.scale) ** self.shape))
 
 
-# --- fault injection
-@dataclass(frozen=True)
-class Delivery:
-    """One arrival of a message: when, what, and which faults shaped it (for counters)."""
+@register_delay("empirical")
+class Empirical(DelayModel):
+    """A measured distribution, drawn by inverse CDF: u ~ U[0, 1), delay = F^-1(u), with F^-1 piecewise linear
+    through its points (numpy.interp; below the first point and above the last the end values hold).
 
-    at: float
-    payload: bytes
-    duplicate: bool = False
-    reordered: bool = False
-    corrupted: bool = False
-
-
-class FaultInjector:
-    """Applies a `FaultConfig` to messages, one independent decision per fault and message.
-
-    Each message consumes exactly six uniforms from the generator, whatever happens to it:
-    [drop, duplicate, reorder, corrupt, corrupt position, corrupt mask]. So the k-th message's fate depends only
-    on the seed and k, and raising one probability never changes which messages suffer another fault.
-
-    Semantics, in order: a dropped message yields no delivery. A reordered one arrives `reorder_seconds` late
-    (so later messages may overtake it). A corrupted one has one byte XORed with a nonzero mask (position and
-    mask uniform; an empty payload cannot be corrupted and passes unchanged). A duplicated one arrives twice,
-    the copy right after the original, with the same (possibly corrupted) bytes and time.
+    From samples x_(1) <= ... <= x_(n): the points are (i / (n - 1), x_(i+1)) for i = 0..n-1 (the interpolated
+    sample quantiles of numpy's default "linear" method), so the draws span [min, max] and a quantile of the draws
+    converges to the same quantile of the samples. From quantiles {p_k: d_k}: the points (p_k, d_k), so the mass
+    below the smallest p (above the largest) sits at its delay. One sample or one quantile is a fixed delay.
     """
 
-    DRAWS_PER_MESSAGE = 6
+    def __init__(self, probabilities: np.ndarray, delays: np.ndarray) -> None:
+        assert probabilities.shape == delays.shape, "one probability per delay"
+        assert probabilities.ndim == 1, "1-D points"
+        assert len(delays) >= 1, "at least one point"
+        assert np.all(np.diff(probabilities) > 0.0), "probabilities must increase"
+        assert delays[0] >= 0.0, "delays must be >= 0"
+        assert np.all(np.diff(delays) >= 0.0), "delays must not decrease"
+        self.probabilities = probabilities.astype(np.float64)
+        self.delays = delays.astype(np.float64)
 
-    def __init__(self, cfg: FaultConfig, rng: np.random.Generator) -> None:
-        self.cfg = cfg
-        self.rng = rng
+    @classmethod
+    def from_samples(cls, samples: list[float] | np.ndarray) -> Empirical:
+        x = np.sort(np.asarray(samples, dtype=np.float64))
+        if len(x) == 1:
+            return cls(np.array([0.0]), x)
+        return cls(np.linspace(0.0, 1.0, len(x)), x)
 
-    @property
-    def active(self) -> bool:
-        """False when every probability is 0 (then `apply` never alters a message)."""
-        c = self.cfg
-        return max(c.drop, c.duplicate, c.reorder, c.corrupt) > 0.0
+    @classmethod
+    def from_quantiles(cls, quantiles: dict[float, float]) -> Empirical:
+        points = sorted(quantiles.items())
+        return cls(np.array([p for p, _ in points]), np.array([d for _, d in points]))
 
-    def apply(self, payload: bytes, deliver_at: float) -> list[Delivery]:
-        """Deliveries to perform for a message scheduled to arrive at `deliver_at`: [] if dropped, else one
-        (or two when duplicated)."""
-        u_drop, u_dup, u_reorder, u_corrupt, u_pos, u_mask = self.rng.random(self.DRAWS_PER_MESSAGE)
-        c = self.cfg
-        if u_drop < c.drop:
-            return []
-        reordered = bool(u_reorder < c.reorder)
-        at = deliver_at + c.reorder_seconds if reordered else deliver_at
-        corrupted = bool(u_corrupt < c.corrupt) and len(payload) > 0
-        if corrupted:
-            payload = flip_byte(payload, int(u_pos * len(payload)), 1 + int(u_mask * 255))
-        first = Delivery(at, payload, reordered=reordered, corrupted=corrupted)
-        if u_dup < c.duplicate:
-            return [first, Delivery(at, payload, duplicate=True, reordered=reordered, corrupted=corrupted)]
-        return [first]
+    @classmethod
+    def from_config(cls, cfg: EmpiricalDelay) -> Empirical:
+        if cfg.samples is not None:
+            return cls.from_samples(cfg.samples)
+        assert cfg.quantiles is not None
+        return cls.from_quantiles(cfg.quantiles)
 
+    def quantile(self, p: float | np.ndarray) -> np.ndarray:
+        """F^-1(p), the delay at probability p (vectorised)."""
+        return np.interp(p, self.probabilities, self.delays)
 
-def flip_byte(payload: bytes, position: int, mask: int) -> bytes:
-    """Return `payload` with byte `position` XORed with `mask` (1..255, so the byte always changes)."""
-    assert 0 <= position < len(payload), f"position {position} outside a payload of {len(payload)} bytes"
-    assert 1 <= mask <= 255, f"mask {mask} must be in 1..255"
-    out = bytearray(payload)
-    out[position] ^= mask
-    return bytes(out)
-
-
-# --- links
-_NETWORK_DOMAIN = 0x6E6574  # "net": keeps network streams apart from other users of the run seed
-_PATH_IDS: dict[str, int] = {"weights": 0, "rollout": 1}
-_PURPOSE_IDS: dict[str, int] = {"delay": 0, "faults": 1}
-
-
-def link_rng(seed: int, link_index: int, path: LinkPath, purpose: Literal["delay", "faults"]) -> np.random.Generator:
-    """The generator of one stream of one link.
-
-    Seeding scheme: `SeedSequence(seed, spawn_key=(0x6E6574, link_index, path_id, purpose_id))` with path_id
-    weights=0 / rollout=1 and purpose_id delay=0 / faults=1. Streams are addressed by key, not spawned in
-    order, so adding a sampler, enabling faults, or drawing more from one path never shifts another stream.
-    """
-    key = (_NETWORK_DOMAIN, link_index, _PATH_IDS[path], _PURPOSE_IDS[purpose])
-    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
-
-
-def bandwidth_seconds(nbytes: int, bandwidth_mbps: float | None) -> float:
-    """Serialisation time nbytes * 8 / (bandwidth_mbps * 1e6); 0 for unlimited bandwidth."""
-    assert nbytes >= 0, f"negative size {nbytes}"
-    if bandwidth_mbps is None:
-        return 0.0
-    return nbytes * 8.0 / (bandwidth_mbps * 1e6)
-
-
-class Link:
-    """A sampler's link to the learner: a delay model and fault injector per path, one bandwidth for both.
-
-    transfer time = delay sample + nbytes * 8 / (bandwidth_mbps * 1e6).
-
-    The link owns four generators (see `link_rng`): delay and faults, for each path. Methods taking an optional
-    `rng` use the link's own stream of that path when it is None.
-    """
-
-    def __init__(self, cfg: LinkConfig, seed: int, index: int = 0) -> None:
-        self.cfg = cfg
-        self.index = index
-        self.delays: dict[str, DelayModel] = {
-            "weights": make_delay(cfg.weights_delay),
-            "rollout": make_delay(cfg.rollout_delay),
-        }
-        self.delay_rngs = {p: link_rng(seed, index, p, "delay") for p in ("weights", "rollout")}
-        self.faults = {
-            "weights": FaultInjector(cfg.weights_faults, link_rng(seed, index, "weights", "faults")),
-            "rollout": FaultInjector(cfg.rollout_faults, link_rng(seed, index, "rollout", "faults")),
-        }
-
-    def transfer_seconds(self, path: LinkPath, nbytes: int, rng: np.random.Generator | None = None) -> float:
-        """Time for one message of `nbytes` on `path`: a delay sample plus the bandwidth term."""
-        gen = self.delay_rngs[path] if rng is None else rng
-        return self.delays[path].sample(gen) + bandwidth_seconds(nbytes, self.cfg.bandwidth_mbps)
-
-    def weights_transfer_seconds(self, nbytes: int, rng: np.random.Generator | None = None) -> float:
-        """Learner -> sampler transfer time of a weight update of `nbytes`."""
-        return self.transfer_seconds("weights", nbytes, rng)
-
-    def rollout_transfer_seconds(self, nbytes: int, rng: np.random.Generator | None = None) -> float:
-        """Sampler -> learner transfer time of a rollout message of `nbytes`."""
-        return self.transfer_seconds("rollout", nbytes, rng)
-
-    def transmit(self, path: LinkPath, payload: bytes, sent_at: float) -> list[Delivery]:
-        """Send `payload` at `sent_at`: the deliveries after transfer time and faults (possibly none)."""
-        arrive = sent_at + self.transfer_seconds(path, len(payload))
-        return self.faults[path].apply(payload, arrive)
+    def sample_many(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return self.quantile(rng.random(n))

@@ -1,29 +1,23 @@
-"""A sampler's side of the loop, written once and driven by either clock.
+"""A sampler's weights and engine, used by every driver: updates in (hash-checked, all or nothing), groups out.
 
-    receive(update)        a weight update from the transport, applied to the receiver (hash-checked, all or nothing)
-    n = wants()            load the newest weights received; how many groups to start now (0: wait)
-    process = generate(n)  sample -> score: a suspendable process yielding tokens sampled so far; with
-                           `sampler.interruptible` it loads newer weights between two decoding steps
-    delivered(group, outcome)   the learner's answer for each group sent
+    receive(update)       a weight update from the transport, applied to the receiver (or refused, counted)
+    process = generate(n) load the newest weights received, then sample -> score: a suspendable process yielding
+                          tokens sampled so far; with `sampler.interruptible` it loads newer weights between two
+                          decoding steps
 
-Async mode: a chunk of ceil(B / n_samplers) groups at a time, with whatever weights are newest. Sync mode: its
-even share of the batch once per new version, generating again any group the learner did not acknowledge
-(refused, lost on the way), so the learner always gets a full batch.
-
-The simulated driver paces `generate` in virtual time (tokens / speed); the live driver runs it in a thread
-while another receives weights, so the receiver and the engine's weights are guarded by one lock.
+What to generate and when is the session's (`loop.session`). The simulated driver paces `generate` in virtual time
+(tokens / speed); the live driver runs it in a thread while another receives weights, so the receiver and the
+engine's weights are guarded by one lock.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Generator
 from typing import Protocol
 
 from heterorl.config import RunConfig
 from heterorl.engines.base import EngineError
-from heterorl.loop.intake import ACKED
 from heterorl.rollout import RolloutGroup
 from heterorl.sampler import Sampler
 from heterorl.weights import Update, WeightReceiver
@@ -40,7 +34,7 @@ class InProcessUpdate(Protocol):
 
 
 class SamplerWorker:
-    """One sampler: its receiver, its engine's weights, what to generate next; see the module docstring."""
+    """One sampler's receiver and engine (see the module docstring)."""
 
     def __init__(self, cfg: RunConfig, index: int, sampler: Sampler, receiver: WeightReceiver | None = None) -> None:
         if cfg.sampler.interruptible and not sampler.engine.interruptible:
@@ -51,19 +45,12 @@ class SamplerWorker:
         self.index, self.sampler, self.name = index, sampler, sampler.sampler_id
         self.receiver = receiver if receiver is not None else WeightReceiver()
         self.lock = threading.Lock()  # the receiver's weights and the engine's weights
-        n, B = len(cfg.cluster.samplers), cfg.learner.groups_per_step
-        self.chunk = math.ceil(B / n)
-        self.share = B // n + (1 if index < B % n else 0)  # sync mode: its even share of a batch
-        self.sync = cfg.cluster.mode == "sync"
         self.interruptible = cfg.sampler.interruptible
         self.applied = self.failed = self.ignored = 0  # weight updates
         self.last_error: str | None = None
         self.tokens = 0
         self._landed = 0  # updates that landed in the receiver,
         self._loaded = 0  # and how many of them the engine has seen
-        self._share_version = -1  # sync mode: the version whose share is being generated,
-        self._share_left = 0  # how many of its groups still need an acknowledgement,
-        self._in_flight = 0  # and how many are generated or on their way
 
     # ---------------------------------------------------------------- weights
     def held(self) -> tuple[int | None, str | None]:
@@ -129,24 +116,12 @@ class SamplerWorker:
         """The version the engine generates with (-1: none yet)."""
         return self.sampler.version
 
-    def wants(self, load: bool = True) -> int:
-        """Load the newest weights (unless `load` is False: generations of the current version are still
-        running and the rollout is not interruptible); the number of groups to start now (0: wait)."""
+    def generate(self, n: int, load: bool = True) -> Generator[int, None, list[RolloutGroup]]:
+        """Load the newest weights (unless `load` is False: other generations of the current version still run on
+        an engine that is not interruptible), then sample and score n groups, yielding tokens sampled so far
+        after every decoding step."""
         if load:
             self.refresh()
-        version = self.sampler.version
-        if version < 0:
-            return 0
-        if not self.sync:
-            return self.chunk
-        if version != self._share_version:
-            self._share_version, self._share_left, self._in_flight = version, self.share, 0
-        return max(0, self._share_left - self._in_flight)
-
-    def generate(self, n: int) -> Generator[int, None, list[RolloutGroup]]:
-        """Sample and score n groups, yielding tokens sampled so far after every decoding step."""
-        if self.sync:
-            self._in_flight += n
         process = self.sampler.iter_groups(n)
         while True:
             try:
@@ -159,10 +134,3 @@ class SamplerWorker:
                 self.refresh()
         self.tokens += sum(g.num_tokens for g in groups)
         return groups
-
-    def delivered(self, group: RolloutGroup, outcome: str) -> None:
-        """The learner's answer for a group this sampler sent (sync mode counts its share with it)."""
-        if self.sync and group.min_version == self._share_version:
-            self._in_flight -= 1
-            if outcome in ACKED:
-                self._share_left -= 1

@@ -1,0 +1,128 @@
+"""A store as a sampler's transport (`transport.base.SamplerSide`): uploads and replies as objects, weights from the
+manifest (`StoreWeightSource`).
+
+An upload is written under `up/<sampler>/<session>/<seq>-<digest>.up` (`intake.upload_key`; the learner checks
+the digest: a torn or corrupted object is refused as `corrupt`); its reply appears under
+`down/<sampler>/<session>/<seq>.reply`, which the sampler reads (then deletes) at a `Cadence`: at once and then
+after waits doubling from `first_poll_seconds` to `poll_seconds`, so a busy conversation pays no fixed poll per
+hop. Several uploads are in flight at once, each with its own reply to wait for. Store outages are retried with
+backoff; a store silent for `live.patience_s` raises `StoreUnreachableError`, which ends the sampler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from heterorl.config import LiveConfig, StoreConfig
+from heterorl.eventlog import EventLog
+from heterorl.loop.protocol import Reply, Upload
+from heterorl.transport.backoff import Backoff
+from heterorl.transport.base import Held
+from heterorl.transport.store.cadence import Cadence
+from heterorl.transport.store.intake import reply_key, upload_key
+from heterorl.transport.store.objects import ObjectMissing, ObjectStore, StoreUnavailable
+from heterorl.transport.store.source import StoreUnreachableError, StoreWeightSource
+from heterorl.transport.wire import WireError, decode_reply, encode_upload
+
+MAX_REPLY_BYTES = 1 << 20
+
+
+class StoreSamplerSide:
+    """One sampler's end of the store (see the module docstring); `close` when done."""
+
+    def __init__(
+        self,
+        objects: ObjectStore,
+        cfg: StoreConfig,
+        live: LiveConfig,
+        name: str,
+        session: str,
+        backoff: Backoff,
+        events: EventLog,
+        merge: Callable[[list[bytes]], bytes],
+        reports: Callable[[], tuple[float | None, int]],
+    ) -> None:
+        self.objects, self.cfg, self.live, self.name, self.session = objects, cfg, live, name, session
+        self.backoff, self.events, self.reports = backoff, events, reports
+        self.source = StoreWeightSource(objects, cfg, live, name, backoff, events, merge, session)
+        self.uploads: Counter[str] = Counter()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def counts(self) -> Counter[str]:
+        return self.source.counts + self.uploads
+
+    # ------------------------------------------------------------------ SamplerSide
+    def exchange(self, upload: Upload, done: Callable[[Reply | None], None]) -> None:
+        self._run(self._exchange(upload), done)
+
+    def pull(self, held: Callable[[], Held], wait_s: float, done: Callable[[Any], None]) -> None:
+        idle, failed = self.reports()
+        version, state_hash = held()
+        self._run(self.source.pull(version, state_hash, wait_s, idle, failed), done)
+
+    async def _exchange(self, upload: Upload) -> Reply:
+        body = encode_upload(upload)
+        await self._retry(
+            "put upload", lambda: self.objects.put(upload_key(self.name, self.session, upload.seq, body), body)
+        )
+        self.uploads["uploads"] += 1
+        key = reply_key(self.name, self.session, upload.seq)
+        cadence = Cadence(self.cfg.first_poll_seconds, self.cfg.poll_seconds)
+        while True:
+            try:
+                raw = await self._retry("get reply", lambda: self.objects.get(key, MAX_REPLY_BYTES))
+            except ObjectMissing:
+                await asyncio.sleep(cadence.nothing())
+                continue
+            await self._retry("delete reply", lambda: self.objects.delete(key))
+            try:
+                return decode_reply(raw, len(upload.groups))
+            except WireError as err:  # a reply that is not one: count it and let the learner answer again
+                self.uploads["bad_reply"] += 1
+                self.events.emit("store", fault="bad_reply", detail=str(err)[:300])
+                return Reply(seq=upload.seq, refused="malformed", detail=f"unreadable reply: {err}"[:200])
+
+    async def _retry(self, what: str, call: Callable[[], Any]) -> Any:
+        began = time.monotonic()
+        while True:
+            try:
+                result = await asyncio.to_thread(call)
+            except StoreUnavailable as err:
+                self.uploads["outage"] += 1
+                self.events.emit("store", fault="outage", detail=f"{what}: {err}"[:300])
+                if time.monotonic() - began > self.live.patience_s:
+                    raise StoreUnreachableError(f"{what}: no answer for {self.live.patience_s:.0f} s ({err})") from None
+                await asyncio.sleep(self.backoff.next_delay())
+                continue
+            self.backoff.reset()
+            return result
+
+    def _run(self, work: Awaitable[Any], done: Callable[[Any], None]) -> None:
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+
+        def finished(t: asyncio.Task[Any]) -> None:
+            self.tasks.discard(t)
+            if t.cancelled():
+                return
+            if t.exception() is not None:
+                if not self.failed.done():
+                    self.failed.set_exception(t.exception())  # type: ignore[arg-type]
+                return
+            done(t.result())
+
+        task.add_done_callback(finished)
+
+    async def settle(self, timeout: float) -> None:
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=timeout)
+
+    def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()

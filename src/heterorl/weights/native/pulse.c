@@ -1,0 +1,1465 @@
+/* Compiled kernels of the PULSE codec (heterorl.weights): the diff scan with its hashes, the integer-stream
+ * coding of intcode.py, the magnitude-class passes of the v2 format, and the checked decode's chunk pass and
+ * scatter. Each kernel is the numpy reference's algorithm in one loop (tests compare bytes and results bit for
+ * bit); each releases the GIL for its whole loop, so threads over tensors run side by side.
+ *
+ * Arrays come in through the buffer protocol (numpy arrays, bytes, memoryviews); arrays of unknown length come
+ * out as `Buf` objects (a malloc'd block exposed through the buffer protocol, np.frombuffer views it without a
+ * copy). Malformed input raises CodecError (a ValueError) with a message; the Python side names the tensor.
+ * No numpy C-API: the module builds with a C compiler and Python's headers only.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include "xxh_x86dispatch.c" /* xxHash inline, XXH3 updates dispatched to SSE2 / AVX2 / AVX-512 at run time */
+#else
+#define XXH_INLINE_ALL
+#include "xxhash.h"
+#endif
+
+#define ESCAPE 3
+#define SCAN_CHUNK (1 << 18) /* bytes per tensor per pass step: base and new chunks stay in L2 */
+
+static PyObject *CodecError;
+
+/* ------------------------------------------------------------------------------------------------ block pool */
+/* Freed output blocks are kept for the next call instead of going back to the OS: fresh memory costs a page fault
+ * per 4 KiB page on first touch (measured 0.45-0.8 GB/s on this project's VM, hugepages or not), which was most of
+ * a kernel's time, while a codec that runs every step asks for blocks of the same sizes every step. Blocks of
+ * POOL_MIN bytes or more have power-of-two capacities and wait in one stack per size (linked through their first
+ * bytes), so a get or a put is O(1); smaller ones go to malloc, whose heap reuses them. The pool holds at most
+ * pool_limit bytes (set_pool_limit); a block that would exceed it is freed. */
+#include <pthread.h>
+#define POOL_MIN_LOG 16
+#define POOL_MIN (1 << POOL_MIN_LOG)
+#define POOL_CLASSES 48
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *pool_head[POOL_CLASSES];
+static size_t pool_bytes, pool_limit = (size_t)1 << 30;
+
+static inline int ceil_log2(size_t v) { return v <= 1 ? 0 : 64 - __builtin_clzll((unsigned long long)(v - 1)); }
+
+/* A block of at least `need` bytes (its capacity in *cap). */
+static void *pool_get(size_t need, size_t *cap) {
+    if (need < POOL_MIN) {
+        *cap = need ? need : 1;
+        return malloc(*cap);
+    }
+    int c = ceil_log2(need);
+    if (c >= POOL_CLASSES) return NULL;
+    *cap = (size_t)1 << c;
+    pthread_mutex_lock(&pool_lock);
+    void *p = pool_head[c];
+    if (p != NULL) {
+        pool_head[c] = *(void **)p;
+        pool_bytes -= *cap;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    return p != NULL ? p : malloc(*cap);
+}
+
+static void pool_put(void *p, size_t cap) {
+    if (p == NULL) return;
+    if (cap < POOL_MIN) {
+        free(p);
+        return;
+    }
+    int c = ceil_log2(cap);
+    pthread_mutex_lock(&pool_lock);
+    if (pool_bytes + cap <= pool_limit) {
+        *(void **)p = pool_head[c];
+        pool_head[c] = p;
+        pool_bytes += cap;
+        p = NULL;
+    }
+    pthread_mutex_unlock(&pool_lock);
+    free(p);
+}
+
+/* ------------------------------------------------------------------------------------------------ Buf */
+typedef struct {
+    PyObject_HEAD void *data;
+    Py_ssize_t size;
+    size_t cap; /* bytes of the block (pool_put) */
+} BufObject;
+
+static void Buf_dealloc(BufObject *self) {
+    pool_put(self->data, self->cap);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Buf_getbuffer(BufObject *self, Py_buffer *view, int flags) {
+    return PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->size, 0, flags);
+}
+
+static PyBufferProcs Buf_as_buffer = {(getbufferproc)Buf_getbuffer, NULL};
+
+static PyTypeObject BufType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "heterorl.weights.native._pulse.Buf",
+    .tp_basicsize = sizeof(BufObject),
+    .tp_dealloc = (destructor)Buf_dealloc,
+    .tp_as_buffer = &Buf_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A block of memory owned by the codec kernels, read through the buffer protocol.",
+};
+
+/* A Buf owning `data` (a pool block of `cap` bytes, `size` of them used; back to the pool with the object). Returns
+ * the block on failure. */
+static PyObject *buf_adopt(void *data, Py_ssize_t size, size_t cap) {
+    if (data == NULL) return PyErr_NoMemory();
+    BufObject *self = PyObject_New(BufObject, &BufType);
+    if (self == NULL) {
+        pool_put(data, cap);
+        return NULL;
+    }
+    self->data = data;
+    self->size = size;
+    self->cap = cap;
+    return (PyObject *)self;
+}
+
+/* A new Buf of `size` bytes (uninitialised). */
+static PyObject *buf_new(size_t size, void **data) {
+    size_t cap;
+    *data = pool_get(size, &cap);
+    return buf_adopt(*data, (Py_ssize_t)size, cap);
+}
+
+/* ------------------------------------------------------------------------------------------------ growable */
+typedef struct {
+    char *data;
+    size_t len, cap; /* elements */
+    size_t item;     /* bytes per element */
+} Vec;
+
+static inline int vec_reserve(Vec *v, size_t extra) {
+    if (v->len + extra <= v->cap) return 0;
+    size_t cap = v->cap ? 2 * v->cap : 4096, got;
+    while (cap < v->len + extra) cap *= 2;
+    char *data = pool_get(cap * v->item, &got);
+    if (data == NULL) return -1;
+    if (v->len) memcpy(data, v->data, v->len * v->item);
+    pool_put(v->data, v->cap * v->item);
+    v->data = data;
+    v->cap = got / v->item;
+    return 0;
+}
+
+static void vec_free(Vec *v) {
+    pool_put(v->data, v->cap * v->item);
+    v->data = NULL;
+}
+
+/* The Vec's elements as a Buf (its block, not copied). */
+static PyObject *vec_to_buf(Vec *v) {
+    if (v->data == NULL && vec_reserve(v, 1)) return PyErr_NoMemory();
+    PyObject *out = buf_adopt(v->data, (Py_ssize_t)(v->len * v->item), v->cap * v->item);
+    v->data = NULL;
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ helpers */
+static int check_itemsize(int itemsize) {
+    if (itemsize == 1 || itemsize == 2 || itemsize == 4 || itemsize == 8) return 0;
+    PyErr_Format(PyExc_ValueError, "itemsize must be 1, 2, 4 or 8, got %d", itemsize);
+    return -1;
+}
+
+static inline __attribute__((always_inline)) uint64_t load_item(const void *base, size_t i, int itemsize) {
+    switch (itemsize) {
+    case 1: return ((const uint8_t *)base)[i];
+    case 2: return ((const uint16_t *)base)[i];
+    case 4: return ((const uint32_t *)base)[i];
+    default: return ((const uint64_t *)base)[i];
+    }
+}
+
+static inline __attribute__((always_inline)) void store_item(void *base, size_t i, int itemsize, uint64_t v) {
+    switch (itemsize) {
+    case 1: ((uint8_t *)base)[i] = (uint8_t)v; break;
+    case 2: ((uint16_t *)base)[i] = (uint16_t)v; break;
+    case 4: ((uint32_t *)base)[i] = (uint32_t)v; break;
+    default: ((uint64_t *)base)[i] = v; break;
+    }
+}
+
+static inline uint64_t load64(const void *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
+static PyObject *digest_bytes(XXH3_state_t *state) {
+    XXH128_canonical_t canon;
+    XXH128_canonicalFromHash(&canon, XXH3_128bits_digest(state));
+    return PyBytes_FromStringAndSize((const char *)canon.digest, 16);
+}
+
+/* ------------------------------------------------------------------------------------------------ diff scan */
+/* Lanes of the 64-bit words x (base) and y (new) that differ: positions and wrapped differences new - base. */
+#define SCAN_LANES(T, LANES)                                                                                       \
+    for (size_t w = 0; w < words; w++) {                                                                           \
+        uint64_t x = load64(wb + 8 * w), y = load64(wn + 8 * w);                                                   \
+        if (x == y) continue;                                                                                      \
+        if (vec_reserve(&pos, LANES) || vec_reserve(&dif, LANES)) {                                                \
+            failed = 1;                                                                                            \
+            break;                                                                                                 \
+        }                                                                                                          \
+        int64_t *p = (int64_t *)pos.data + pos.len;                                                                \
+        T *d = (T *)dif.data + dif.len;                                                                            \
+        size_t k = 0;                                                                                              \
+        for (int l = 0; l < LANES; l++) {                                                                          \
+            T a = (T)(x >> (l * 8 * sizeof(T))), b = (T)(y >> (l * 8 * sizeof(T)));                                \
+            p[k] = (int64_t)(first + w * LANES + l);                                                               \
+            d[k] = (T)(b - a);                                                                                     \
+            k += a != b;                                                                                           \
+        }                                                                                                          \
+        pos.len += k;                                                                                              \
+        dif.len += k;                                                                                              \
+    }
+
+/* 16-bit elements: a mask of the lanes that differ, then one iteration per differing element. Returns -1
+ * when out of memory. */
+static int scan16(const char *wb, const char *wn, size_t words, size_t first, Vec *pos, Vec *dif) {
+    size_t w = 0;
+#ifdef __SSE2__
+    /* x86-64 (SSE2 is its baseline): 8 lanes per compare, movemask gives each lane two equal bits; 32 elements make
+     * a 64-bit mask of bit pairs, and each differing element clears its pair. */
+    for (; w + 8 <= words; w += 8) {
+        uint64_t mask = 0;
+        for (int j = 0; j < 4; j++) {
+            __m128i x = _mm_loadu_si128((const __m128i *)(wb + 8 * w + 16 * j));
+            __m128i y = _mm_loadu_si128((const __m128i *)(wn + 8 * w + 16 * j));
+            mask |= (uint64_t)((uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(x, y)) ^ 0xFFFFu) << (16 * j);
+        }
+        if (!mask) continue;
+        if (vec_reserve(pos, 32) || vec_reserve(dif, 32)) return -1;
+        int64_t *p = (int64_t *)pos->data + pos->len;
+        uint16_t *dd = (uint16_t *)dif->data + dif->len;
+        const uint16_t *b16 = (const uint16_t *)(wb + 8 * w), *n16 = (const uint16_t *)(wn + 8 * w);
+        size_t k = 0;
+        while (mask) {
+            int e = __builtin_ctzll(mask) >> 1;
+            mask &= mask - 1;
+            mask &= mask - 1;
+            p[k] = (int64_t)(first + 4 * w + e);
+            dd[k++] = (uint16_t)(n16[e] - b16[e]);
+        }
+        pos->len += k;
+        dif->len += k;
+    }
+#else
+    /* SWAR, 64 elements at a time: per 64-bit word d = x ^ y, ((d & 0x7FFF..) + 0x7FFF..) | d sets each lane's top
+     * bit iff the lane is non-zero (no carry crosses lanes); one multiplication gathers the four top bits into
+     * four adjacent bits (their products land at distinct positions, so nothing carries). */
+    const uint64_t low15 = 0x7FFF7FFF7FFF7FFFull, high1 = 0x8000800080008000ull, gather = 0x0000200040008001ull;
+    for (; w + 16 <= words; w += 16) {
+        uint64_t mask = 0;
+        for (int j = 0; j < 16; j++) {
+            uint64_t d = load64(wb + 8 * (w + j)) ^ load64(wn + 8 * (w + j));
+            uint64_t t = (((d & low15) + low15) | d) & high1;
+            mask |= (((t >> 15) * gather) >> 45 & 0xF) << (4 * j);
+        }
+        if (!mask) continue;
+        if (vec_reserve(pos, 64) || vec_reserve(dif, 64)) return -1;
+        int64_t *p = (int64_t *)pos->data + pos->len;
+        uint16_t *dd = (uint16_t *)dif->data + dif->len;
+        const uint16_t *b16 = (const uint16_t *)(wb + 8 * w), *n16 = (const uint16_t *)(wn + 8 * w);
+        size_t k = 0;
+        while (mask) {
+            int e = __builtin_ctzll(mask);
+            mask &= mask - 1;
+            p[k] = (int64_t)(first + 4 * w + e);
+            dd[k++] = (uint16_t)(n16[e] - b16[e]);
+        }
+        pos->len += k;
+        dif->len += k;
+    }
+#endif
+    for (; w < words; w++) {
+        uint64_t x = load64(wb + 8 * w), y = load64(wn + 8 * w);
+        if (x == y) continue;
+        if (vec_reserve(pos, 4) || vec_reserve(dif, 4)) return -1;
+        for (int l = 0; l < 4; l++) {
+            uint16_t a = (uint16_t)(x >> (16 * l)), b = (uint16_t)(y >> (16 * l));
+            if (a == b) continue;
+            ((int64_t *)pos->data)[pos->len++] = (int64_t)(first + 4 * w + l);
+            ((uint16_t *)dif->data)[dif->len++] = (uint16_t)(b - a);
+        }
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(scan_doc,
+             "scan(base, new, itemsize, hash_base, hash_new) -> (positions int64 Buf, differences Buf, base digest, "
+             "new digest)\n\nSorted positions whose raw bits differ, the wrapped differences new - base, and the "
+             "xxh3-128 digests of both (b'' when not asked for); one chunked pass over memory.");
+
+static PyObject *py_scan(PyObject *self, PyObject *args) {
+    Py_buffer bb, nb;
+    int itemsize, hash_base, hash_new;
+    if (!PyArg_ParseTuple(args, "y*y*ipp", &bb, &nb, &itemsize, &hash_base, &hash_new)) return NULL;
+    PyObject *out = NULL;
+    XXH3_state_t *sb = XXH3_createState(), *sn = XXH3_createState();
+    Vec pos = {NULL, 0, 0, 8}, dif = {NULL, 0, 0, (size_t)itemsize};
+    if (check_itemsize(itemsize)) goto done;
+    if (bb.len != nb.len || bb.len % itemsize) {
+        PyErr_SetString(PyExc_ValueError, "base and new must have the same size, a multiple of itemsize");
+        goto done;
+    }
+    if (sb == NULL || sn == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    XXH3_128bits_reset(sb);
+    XXH3_128bits_reset(sn);
+    int failed = 0;
+    const char *b0 = bb.buf, *n0 = nb.buf;
+    size_t nbytes = (size_t)bb.len;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t start = 0; start < nbytes && !failed; start += SCAN_CHUNK) {
+        size_t len = nbytes - start < SCAN_CHUNK ? nbytes - start : SCAN_CHUNK;
+        if (hash_base) XXH3_128bits_update(sb, b0 + start, len);
+        if (hash_new) XXH3_128bits_update(sn, n0 + start, len);
+        size_t words = len / 8;
+        const char *wb = b0 + start, *wn = n0 + start;
+        size_t first = start / itemsize; /* element index of the chunk's first element */
+        switch (itemsize) {
+        case 1: SCAN_LANES(uint8_t, 8) break;
+        case 2: failed = scan16(wb, wn, words, first, &pos, &dif); break;
+        case 4: SCAN_LANES(uint32_t, 2) break;
+        default: SCAN_LANES(uint64_t, 1) break;
+        }
+        for (size_t i = words * 8 / itemsize; i < len / itemsize && !failed; i++) { /* the tail of the tensor */
+            uint64_t a = load_item(b0 + start, i, itemsize), b = load_item(n0 + start, i, itemsize);
+            if (a == b) continue;
+            if (vec_reserve(&pos, 1) || vec_reserve(&dif, 1)) {
+                failed = 1;
+                break;
+            }
+            ((int64_t *)pos.data)[pos.len++] = (int64_t)(first + i);
+            store_item(dif.data, dif.len++, itemsize, b - a);
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *p = vec_to_buf(&pos), *d = vec_to_buf(&dif);
+    PyObject *hb = hash_base ? digest_bytes(sb) : PyBytes_FromStringAndSize(NULL, 0);
+    PyObject *hn = hash_new ? digest_bytes(sn) : PyBytes_FromStringAndSize(NULL, 0);
+    if (p && d && hb && hn) out = PyTuple_Pack(4, p, d, hb, hn);
+    Py_XDECREF(p);
+    Py_XDECREF(d);
+    Py_XDECREF(hb);
+    Py_XDECREF(hn);
+done:
+    vec_free(&pos);
+    vec_free(&dif);
+    XXH3_freeState(sb);
+    XXH3_freeState(sn);
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&nb);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ intcode */
+static inline int width_of(uint64_t v) { return v < (1ull << 8) ? 1 : v < (1ull << 16) ? 2 : v < (1ull << 32) ? 4 : 8; }
+
+/* x_i: the stream's values, as gaps of sorted positions (kind 1: x_i = p_i - p_(i-1) - 1, p_(-1) = -1) or as
+ * value codes of wrapped differences (kind 2: zigzag(d) - 1 in the differences' width) or as they are (kind 0). */
+static inline __attribute__((always_inline)) uint64_t stream_value(const void *src, size_t i, int itemsize, int kind) {
+    if (kind == 1) {
+        const int64_t *p = src;
+        return (uint64_t)(i ? p[i] - p[i - 1] - 1 : p[0]);
+    }
+    uint64_t v = load_item(src, i, itemsize);
+    if (kind == 2) {
+        int bits = 8 * itemsize;
+        uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+        uint64_t sign = (v >> (bits - 1)) & 1 ? mask : 0;
+        v = (((v << 1) ^ sign) - 1) & mask;
+    }
+    return v;
+}
+
+/* intcode.choose_k on the stream's strided sample (SAMPLE elements): the candidates around log2 of the sample's
+ * median, each priced as 8 bits per lo byte + the entropy of its symbols + its escape bytes. The float sums run in
+ * another order than numpy's, so costs can differ from the reference's in the last bits: when another candidate
+ * lies within REFINE bits of the best, *close is set and the caller lets the reference decide. */
+#define SAMPLE 2048
+#define REFINE 1e-9
+#include <math.h>
+
+/* The element of rank `rank` (0-based, ascending) of v[0:n], by quickselect (v is reordered). */
+static uint64_t select_rank(uint64_t *v, size_t n, size_t rank) {
+    size_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        uint64_t pivot = v[lo + (hi - lo) / 2];
+        size_t i = lo, j = hi;
+        while (i <= j) {
+            while (v[i] < pivot) i++;
+            while (v[j] > pivot) j--;
+            if (i <= j) {
+                uint64_t t = v[i];
+                v[i] = v[j];
+                v[j] = t;
+                i++;
+                if (j == 0) break;
+                j--;
+            }
+        }
+        if (rank <= j) hi = j;
+        else if (rank >= i) lo = i;
+        else return v[rank];
+    }
+    return v[rank];
+}
+
+static int choose_k(const void *src, size_t count, int itemsize, int kind, int bits, int *close) {
+    *close = 0;
+    if (count == 0) return 0;
+    size_t step = count / SAMPLE > 1 ? count / SAMPLE : 1, total = (count + step - 1) / step;
+    uint64_t xs[SAMPLE * 2 + 2];
+    uint64_t top = 0;
+    size_t isz = kind == 1 ? 8 : (size_t)itemsize; /* the sample's elements lie a stride apart: one cache line each, */
+    for (size_t t = 0; t < total; t++) {          /* so all are requested before any is read */
+        __builtin_prefetch((const char *)src + t * step * isz);
+        if (kind == 1 && t) __builtin_prefetch((const char *)src + (t * step - 1) * isz);
+    }
+    for (size_t t = 0; t < total; t++) {
+        xs[t] = stream_value(src, t * step, itemsize, kind);
+        if (xs[t] > top) top = xs[t];
+    }
+    /* small values (gaps and value codes are): a dense histogram, which gives the median and lets each candidate
+     * be priced per distinct value instead of per sample element */
+    static __thread uint32_t dense[4 * (SAMPLE * 2 + 2)];
+    int is_dense = top < 4 * (uint64_t)total;
+    uint64_t median;
+    if (is_dense) {
+        memset(dense, 0, (top + 1) * sizeof dense[0]);
+        for (size_t t = 0; t < total; t++) dense[xs[t]]++;
+        size_t seen = 0;
+        median = 0;
+        while ((seen += dense[median]) <= total / 2) median++;
+    } else {
+        uint64_t scratch[SAMPLE * 2 + 2];
+        memcpy(scratch, xs, total * 8);
+        median = select_rank(scratch, total, total / 2);
+    }
+    int center = median ? 64 - __builtin_clzll(median) : 0;
+    int lo = center - 2 > 0 ? center - 2 : 0, hi = center + 1 < bits - 1 ? center + 1 : bits - 1;
+    double best = INFINITY, costs[8];
+    int best_k = 0, best_i = 0, ks[8], nk = 0;
+    size_t hists[8][256], esc_terms[8];
+    for (int k = lo; k <= hi; k++) {
+        if (k % 8 == 7) continue;
+        int n_lo = k / 8, r = k % 8;
+        uint64_t rmask = (1ull << r) - 1, limit = (uint64_t)ESCAPE << k;
+        size_t *hist = hists[nk], escaped = 0;
+        memset(hist, 0, sizeof hists[0]);
+        if (is_dense) {
+            for (uint64_t v = 0; v <= top; v++) {
+                if (!dense[v]) continue;
+                uint64_t y = v >> (8 * n_lo), sym = (y & rmask) | ((uint64_t)ESCAPE << r);
+                hist[y < sym ? y : sym] += dense[v];
+                escaped += v >= limit ? dense[v] : 0;
+            }
+        } else {
+            for (size_t t = 0; t < total; t++) {
+                uint64_t y = xs[t] >> (8 * n_lo), sym = (y & rmask) | ((uint64_t)ESCAPE << r);
+                hist[y < sym ? y : sym]++;
+                escaped += xs[t] >= limit;
+            }
+        }
+        double entropy = 0.0;
+        for (int v = 0; v < 256; v++)
+            if (hist[v]) {
+                double q = (double)hist[v] / (double)total;
+                entropy -= q * log2(q);
+            }
+        int esc_bytes = escaped ? width_of((top >> k) - ESCAPE) : 0;
+        double cost = 8.0 * n_lo + entropy + 8.0 * esc_bytes * (double)escaped / (double)total;
+        ks[nk] = k;
+        esc_terms[nk] = (size_t)esc_bytes * escaped;
+        if (cost < best) {
+            best = cost;
+            best_k = k;
+            best_i = nk;
+        }
+        costs[nk++] = cost;
+    }
+    /* A candidate with the same lo bytes, symbol histogram and escape bytes costs exactly the same in both
+     * implementations (the first wins in both); any other within REFINE is too close to call here. */
+    for (int i = 0; i < nk; i++)
+        if (i != best_i && fabs(costs[i] - best) <= REFINE &&
+            (ks[i] / 8 != best_k / 8 || esc_terms[i] != esc_terms[best_i] ||
+             memcmp(hists[i], hists[best_i], sizeof hists[0]) != 0))
+            *close = 1;
+    return best_k;
+}
+
+PyDoc_STRVAR(encode_uints_doc,
+             "encode_uints(src, itemsize, kind, k, bits=64) -> (parts Buf, escapes, escape_width, k, close)\n\n"
+             "intcode.encode_uints's "
+             "parts, concatenated: k // 8 lo byte planes, (k % 8 + 2)-bit symbols packed least significant first, "
+             "escape planes. kind 0: src holds the values (itemsize bytes each); 1: src holds sorted int64 "
+             "positions and the values are their gaps - 1; 2: src holds wrapped differences and the values are "
+             "their codes zigzag(d) - 1. k = -1: chosen as intcode.choose_k chooses it for a stream of `bits`-bit "
+             "integers (close: another candidate's cost is within rounding of it, let the reference decide).");
+
+static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
+    Py_buffer sb;
+    int itemsize, kind, k, bits = 64, close = 0;
+    if (!PyArg_ParseTuple(args, "y*iii|i", &sb, &itemsize, &kind, &k, &bits)) return NULL;
+    PyObject *out = NULL;
+    if (check_itemsize(kind == 1 ? 8 : itemsize)) goto done;
+    int isz = kind == 1 ? 8 : itemsize;
+    if (sb.len % isz || k < -1 || k >= 64 || k % 8 == 7 || kind < 0 || kind > 2 || bits < 1 || bits > 64) {
+        PyErr_SetString(PyExc_ValueError, "encode_uints: bad arguments");
+        goto done;
+    }
+    size_t count = (size_t)sb.len / isz;
+    if (k < 0) {
+        Py_BEGIN_ALLOW_THREADS;
+        k = choose_k(sb.buf, count, itemsize, kind, bits, &close);
+        Py_END_ALLOW_THREADS;
+    }
+    int n_lo = k / 8, r = k % 8, per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;
+    size_t packed = (count + per - 1) / per;
+    uint64_t limit = (uint64_t)ESCAPE << k; /* values >= limit escape (k <= 62: no overflow) */
+    size_t escapes = 0;
+    uint64_t top = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t i = 0; i < count; i++) {
+        uint64_t x = stream_value(sb.buf, i, itemsize, kind);
+        if (x >= limit) {
+            escapes++;
+            uint64_t h = (x >> k) - ESCAPE;
+            if (h > top) top = h;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    int ew = escapes ? width_of(top) : 0;
+    size_t total = n_lo * count + packed + escapes * ew;
+    void *bufp;
+    PyObject *parts = buf_new(total, &bufp);
+    if (parts == NULL) goto done;
+    uint8_t *buf = bufp;
+    Py_BEGIN_ALLOW_THREADS;
+    uint8_t *lo = buf, *pk = buf + n_lo * count, *es = pk + packed;
+    memset(pk, 0, packed);
+    size_t e = 0;
+    uint64_t rmask = (1ull << r) - 1;
+    /* one loop per (kind, width), so that the value's computation is straight-line code */
+#define ENCODE_LOOP(KIND, ISZ)                                                                                     \
+    for (size_t i = 0; i < count; i++) {                                                                           \
+        uint64_t x = stream_value(sb.buf, i, ISZ, KIND);                                                           \
+        for (int j = 0; j < n_lo; j++) lo[j * count + i] = (uint8_t)(x >> (8 * j));                               \
+        uint64_t y = x >> (8 * n_lo);                                                                              \
+        uint64_t sym = (y & rmask) | ((uint64_t)ESCAPE << r);                                                      \
+        if (y < sym) sym = y;                                                                                      \
+        pk[i >> pshift] |= (uint8_t)(sym << ((r + 2) * (i & (per - 1))));                                          \
+        if (x >= limit) {                                                                                          \
+            uint64_t h = (x >> k) - ESCAPE;                                                                        \
+            for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));                            \
+            e++;                                                                                                   \
+        }                                                                                                          \
+    }
+    switch (kind * 16 + itemsize) {
+    case 16 + 8: ENCODE_LOOP(1, 8) break;
+    case 16 + 4: ENCODE_LOOP(1, 4) break;
+    case 16 + 2: ENCODE_LOOP(1, 2) break;
+    case 16 + 1: ENCODE_LOOP(1, 1) break;
+    case 32 + 2: ENCODE_LOOP(2, 2) break;
+    case 32 + 4: ENCODE_LOOP(2, 4) break;
+    case 32 + 1: ENCODE_LOOP(2, 1) break;
+    case 32 + 8: ENCODE_LOOP(2, 8) break;
+    case 2: ENCODE_LOOP(0, 2) break;
+    case 4: ENCODE_LOOP(0, 4) break;
+    case 1: ENCODE_LOOP(0, 1) break;
+    default: ENCODE_LOOP(0, 8) break;
+    }
+#undef ENCODE_LOOP
+    Py_END_ALLOW_THREADS;
+    out = Py_BuildValue("(Onnii)", parts, (Py_ssize_t)escapes, (Py_ssize_t)ew, k, close);
+    Py_DECREF(parts);
+done:
+    PyBuffer_Release(&sb);
+    return out;
+}
+
+/* Decoding one stream: symbols checked (padding, escape count), values assembled, escapes checked for overflow.
+ * Calls emit(i, x) per value in order; returns NULL or an error message. */
+typedef struct {
+    const uint8_t *buf;
+    size_t count;
+    int k, ew, bits;
+    size_t escapes;
+} Stream;
+
+static const char *stream_check(const Stream *s) {
+    int n_lo = s->k / 8, r = s->k % 8, per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;
+    size_t packed = (s->count + per - 1) / per;
+    const uint8_t *pk = s->buf + n_lo * s->count;
+    uint8_t smask = per == 1 ? 0xFF : (uint8_t)((1u << (r + 2)) - 1);
+    if (per > 1 && s->count % per) { /* padding after the last symbol */
+        unsigned used = (unsigned)((s->count % per) * (r + 2)), full = (unsigned)(per * (r + 2));
+        /* the symbol slots after the last symbol must be zero; bits above per * (r + 2) carry no slot (as in
+         * the reference, which unpacks bytes by table) */
+        if ((pk[packed - 1] & ((1u << full) - 1)) >> used) return "non-zero padding after the last packed symbol";
+    }
+    size_t esc = 0;
+    for (size_t i = 0; i < s->count; i++) {
+        uint8_t sym = (uint8_t)((pk[i >> pshift] >> ((r + 2) * (i & (per - 1)))) & smask);
+        esc += r < 6 ? (sym >> r) == ESCAPE : sym >= (ESCAPE << r);
+    }
+    if (esc != s->escapes) return "stream's escape fields do not match its spec";
+    return NULL;
+}
+
+#define STREAM_DECODE_AT(EMIT, N_LO, R)                                                                                      \
+    do {                                                                                                           \
+        const int n_lo = (N_LO), r = (R), per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;             \
+        size_t packed = (s->count + per - 1) / per, e = 0;                                                         \
+        const uint8_t *lo = s->buf, *pk = s->buf + n_lo * s->count, *es = pk + packed;                             \
+        uint8_t smask = per == 1 ? 0xFF : (uint8_t)((1u << (r + 2)) - 1); /* one per byte: the whole byte */       \
+        for (size_t i = 0; i < s->count; i++) {                                                                    \
+            uint8_t sym = (uint8_t)((pk[i >> pshift] >> ((r + 2) * (i & (per - 1)))) & smask);                     \
+            uint64_t x = 0;                                                                                        \
+            for (int j = 0; j < n_lo; j++) x |= (uint64_t)lo[j * s->count + i] << (8 * j);                         \
+            int escaped = r < 6 ? (sym >> r) == ESCAPE : sym >= (ESCAPE << r);                                     \
+            if (escaped) {                                                                                         \
+                uint64_t h = 0;                                                                                    \
+                for (int j = 0; j < s->ew; j++) h |= (uint64_t)es[j * s->escapes + e] << (8 * j);                  \
+                e++;                                                                                               \
+                if (h > ~0ull - ESCAPE || (s->bits - s->k < 64 && h + ESCAPE >= (1ull << (s->bits - s->k)))) {     \
+                    err = "escaped value overflows the stream's integer width";                                    \
+                    break;                                                                                         \
+                }                                                                                                  \
+                x |= (((h + ESCAPE) << r) | (sym & ((1u << r) - 1))) << (8 * n_lo);                                \
+            } else {                                                                                               \
+                x |= (uint64_t)sym << (8 * n_lo);                                                                  \
+            }                                                                                                      \
+            EMIT                                                                                                   \
+        }                                                                                                          \
+    } while (0)
+
+/* STREAM_DECODE_AT with the split point as constants for k < 16 (the values' byte layout becomes straight-line
+ * code), as variables beyond. */
+#define STREAM_DECODE(EMIT)                                                                                        \
+    switch (s->k) {                                                                                                \
+    case 0: STREAM_DECODE_AT(EMIT, 0, 0); break;                                                                   \
+    case 1: STREAM_DECODE_AT(EMIT, 0, 1); break;                                                                   \
+    case 2: STREAM_DECODE_AT(EMIT, 0, 2); break;                                                                   \
+    case 3: STREAM_DECODE_AT(EMIT, 0, 3); break;                                                                   \
+    case 4: STREAM_DECODE_AT(EMIT, 0, 4); break;                                                                   \
+    case 5: STREAM_DECODE_AT(EMIT, 0, 5); break;                                                                   \
+    case 6: STREAM_DECODE_AT(EMIT, 0, 6); break;                                                                   \
+    case 8: STREAM_DECODE_AT(EMIT, 1, 0); break;                                                                   \
+    case 9: STREAM_DECODE_AT(EMIT, 1, 1); break;                                                                   \
+    case 10: STREAM_DECODE_AT(EMIT, 1, 2); break;                                                                  \
+    case 11: STREAM_DECODE_AT(EMIT, 1, 3); break;                                                                  \
+    case 12: STREAM_DECODE_AT(EMIT, 1, 4); break;                                                                  \
+    case 13: STREAM_DECODE_AT(EMIT, 1, 5); break;                                                                  \
+    case 14: STREAM_DECODE_AT(EMIT, 1, 6); break;                                                                  \
+    default: STREAM_DECODE_AT(EMIT, s->k / 8, s->k % 8); break;                                                    \
+    }
+
+static int parse_stream(Py_buffer *b, Py_ssize_t offset, Py_ssize_t count, int k, Py_ssize_t escapes, int ew,
+                        int bits, Stream *s) {
+    int n_lo = k / 8, r = k % 8;
+    if (k < 0 || k >= bits || r == 7 || count < 0 || escapes < 0 || escapes > count || offset < 0) goto bad;
+    if (!(ew == 0 || ew == 1 || ew == 2 || ew == 4 || ew == 8) || (ew == 0) != (escapes == 0)) goto bad;
+    int per = 8 / (r + 2);
+    size_t need = n_lo * (size_t)count + ((size_t)count + per - 1) / per + (size_t)escapes * ew;
+    if ((size_t)offset + need > (size_t)b->len) goto bad;
+    s->buf = (const uint8_t *)b->buf + offset;
+    s->count = (size_t)count;
+    s->k = k;
+    s->ew = ew;
+    s->bits = bits;
+    s->escapes = (size_t)escapes;
+    return 0;
+bad:
+    PyErr_SetString(CodecError, "stream spec does not fit its buffer");
+    return -1;
+}
+
+PyDoc_STRVAR(decode_positions_doc,
+             "decode_positions(raw, offset, count, k, escapes, escape_width, bits, limit) -> positions int64 Buf\n\n"
+             "Sorted positions from a gap stream (gaps - 1 of `bits`-bit integers), each checked to lie in "
+             "[0, limit).");
+
+static PyObject *py_decode_positions(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t offset, count, escapes, limit;
+    int k, ew, bits;
+    if (!PyArg_ParseTuple(args, "y*nniniin", &b, &offset, &count, &k, &escapes, &ew, &bits, &limit)) return NULL;
+    PyObject *out = NULL;
+    Stream st, *s = &st;
+    if (parse_stream(&b, offset, count, k, escapes, ew, bits, s)) goto done;
+    void *posp;
+    PyObject *ob = buf_new((size_t)count * 8, &posp);
+    if (ob == NULL) goto done;
+    int64_t *pos = posp;
+    const char *err = NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    err = stream_check(s);
+    if (err == NULL) {
+        uint64_t p = ~0ull, lim = (uint64_t)limit; /* p_(-1) = -1 */
+        STREAM_DECODE({
+            if (x >= lim || (p = p + x + 1) >= lim) {
+                err = "positions run past its elements";
+                break;
+            }
+            pos[i] = (int64_t)p;
+        });
+    }
+    Py_END_ALLOW_THREADS;
+    if (err) {
+        Py_DECREF(ob);
+        PyErr_SetString(CodecError, err);
+        goto done;
+    }
+    out = ob;
+done:
+    PyBuffer_Release(&b);
+    return out;
+}
+
+PyDoc_STRVAR(decode_diffs_doc,
+             "decode_diffs(raw, offset, count, k, escapes, escape_width, itemsize) -> differences Buf\n\nWrapped "
+             "differences from a value-code stream (codes zigzag(d) - 1 of itemsize bytes); a code that decodes "
+             "to a zero change is an error.");
+
+static PyObject *py_decode_diffs(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t offset, count, escapes;
+    int k, ew, itemsize;
+    if (!PyArg_ParseTuple(args, "y*nninii", &b, &offset, &count, &k, &escapes, &ew, &itemsize)) return NULL;
+    PyObject *out = NULL;
+    Stream st, *s = &st;
+    if (check_itemsize(itemsize) || parse_stream(&b, offset, count, k, escapes, ew, 8 * itemsize, s)) goto done;
+    void *difp;
+    PyObject *ob = buf_new((size_t)count * itemsize, &difp);
+    if (ob == NULL) goto done;
+    char *dif = difp;
+    const char *err = NULL;
+    int bits = 8 * itemsize;
+    uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+    Py_BEGIN_ALLOW_THREADS;
+    err = stream_check(s);
+    int table = s->k < 8 && s->escapes == 0; /* intcode.decode_values looks such codes up, no zero check */
+    if (err == NULL && itemsize == 2) { /* bf16 / fp16: the width as a constant */
+        STREAM_DECODE({
+            if (x == 0xFFFF && !table) {
+                err = "a value code decodes to a zero change";
+                break;
+            }
+            uint64_t zz = (x + 1) & 0xFFFF; /* wraps as the reference's table does */
+            ((uint16_t *)dif)[i] = (uint16_t)((zz >> 1) ^ (zz & 1 ? 0xFFFF : 0));
+        });
+    } else if (err == NULL) {
+        STREAM_DECODE({
+            if (x == mask && !table) {
+                err = "a value code decodes to a zero change";
+                break;
+            }
+            uint64_t zz = (x + 1) & mask; /* wraps as the reference's table does */
+            uint64_t d = ((zz >> 1) ^ (zz & 1 ? mask : 0)) & mask;
+            store_item(dif, i, itemsize, d);
+        });
+    }
+    Py_END_ALLOW_THREADS;
+    if (err) {
+        Py_DECREF(ob);
+        PyErr_SetString(CodecError, err);
+        goto done;
+    }
+    out = ob;
+done:
+    PyBuffer_Release(&b);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ staged */
+PyDoc_STRVAR(stage_digests_doc,
+             "stage_digests(view, itemsize, positions, differences, new_out, chunk, want_base, want_result) -> "
+             "(base digest, result digest)\n\nOne chunked pass over a tensor's bits: the base digest of each chunk "
+             "as it is, then the chunk copied to a scratch buffer, its changed elements set to base + difference "
+             "(also written to new_out) and hashed (the result digest). Positions must be grouped by chunk in "
+             "chunk order and lie in the tensor. A digest not asked for is b''.");
+
+static PyObject *py_stage_digests(PyObject *self, PyObject *args) {
+    Py_buffer vb, pb, db, ob;
+    int itemsize, want_base, want_result;
+    Py_ssize_t chunk;
+    if (!PyArg_ParseTuple(args, "y*iy*y*w*npp", &vb, &itemsize, &pb, &db, &ob, &chunk, &want_base, &want_result))
+        return NULL;
+    PyObject *out = NULL;
+    XXH3_state_t *sb = XXH3_createState(), *sr = XXH3_createState();
+    char *scratch = NULL;
+    size_t scratch_cap = 0;
+    if (check_itemsize(itemsize)) goto done;
+    size_t n = (size_t)vb.len / itemsize, count = (size_t)pb.len / 8;
+    if (vb.len % itemsize || pb.len % 8 || (size_t)db.len != count * itemsize || (size_t)ob.len != count * itemsize ||
+        chunk <= 0) {
+        PyErr_SetString(PyExc_ValueError, "stage_digests: sizes do not fit");
+        goto done;
+    }
+    scratch = pool_get((size_t)chunk * itemsize, &scratch_cap);
+    if (sb == NULL || sr == NULL || scratch == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    XXH3_128bits_reset(sb);
+    XXH3_128bits_reset(sr);
+    const char *view = vb.buf;
+    const int64_t *pos = pb.buf;
+    const char *dif = db.buf;
+    char *nv = ob.buf;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    if (count == 0 && want_base && want_result) { /* the same bytes: one digest serves both */
+        XXH3_128bits_update(sb, view, n * itemsize);
+        XXH3_128bits_update(sr, view, n * itemsize);
+    } else {
+        size_t j = 0;
+        for (size_t start = 0; start < n; start += (size_t)chunk) {
+            size_t end = n - start < (size_t)chunk ? n : start + (size_t)chunk, len = (end - start) * itemsize;
+            const char *part = view + start * itemsize;
+            if (want_base) XXH3_128bits_update(sb, part, len);
+            if (!want_result) continue;
+            size_t j0 = j;
+            while (j < count && pos[j] >= (int64_t)start && pos[j] < (int64_t)end) j++;
+            if (j == j0) {
+                XXH3_128bits_update(sr, part, len);
+                continue;
+            }
+            memcpy(scratch, part, len);
+#define PATCH_LOOP(T)                                                                                              \
+    for (size_t t = j0; t < j; t++) {                                                                              \
+        size_t i = (size_t)pos[t] - start;                                                                         \
+        T v = (T)(((const T *)part)[i] + ((const T *)dif)[t]);                                                     \
+        ((T *)nv)[t] = v;                                                                                          \
+        ((T *)scratch)[i] = v;                                                                                     \
+    }
+            switch (itemsize) {
+            case 2: PATCH_LOOP(uint16_t) break;
+            case 4: PATCH_LOOP(uint32_t) break;
+            case 1: PATCH_LOOP(uint8_t) break;
+            default: PATCH_LOOP(uint64_t) break;
+            }
+#undef PATCH_LOOP
+            XXH3_128bits_update(sr, scratch, len);
+        }
+        bad = want_result && j != count;
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(CodecError, "changed positions are not grouped by chunk within the tensor");
+        goto done;
+    }
+    PyObject *hb = want_base ? digest_bytes(sb) : PyBytes_FromStringAndSize(NULL, 0);
+    PyObject *hr = want_result ? digest_bytes(sr) : PyBytes_FromStringAndSize(NULL, 0);
+    if (hb && hr) out = PyTuple_Pack(2, hb, hr);
+    Py_XDECREF(hb);
+    Py_XDECREF(hr);
+done:
+    pool_put(scratch, scratch_cap);
+    XXH3_freeState(sb);
+    XXH3_freeState(sr);
+    PyBuffer_Release(&vb);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&db);
+    PyBuffer_Release(&ob);
+    return out;
+}
+
+PyDoc_STRVAR(scatter_doc, "scatter(view, itemsize, positions, values) -> None\n\nview[positions] = values.");
+
+static PyObject *py_scatter(PyObject *self, PyObject *args) {
+    Py_buffer vb, pb, nb;
+    int itemsize;
+    if (!PyArg_ParseTuple(args, "w*iy*y*", &vb, &itemsize, &pb, &nb)) return NULL;
+    PyObject *out = NULL;
+    if (check_itemsize(itemsize)) goto done;
+    size_t n = (size_t)vb.len / itemsize, count = (size_t)pb.len / 8;
+    if (pb.len % 8 || (size_t)nb.len != count * itemsize) {
+        PyErr_SetString(PyExc_ValueError, "scatter: sizes do not fit");
+        goto done;
+    }
+    const int64_t *pos = pb.buf;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t t = 0; t < count; t++) bad |= pos[t] < 0 || (size_t)pos[t] >= n;
+    if (!bad) {
+        switch (itemsize) {
+        case 1: for (size_t t = 0; t < count; t++) ((uint8_t *)vb.buf)[pos[t]] = ((const uint8_t *)nb.buf)[t]; break;
+        case 2: for (size_t t = 0; t < count; t++) ((uint16_t *)vb.buf)[pos[t]] = ((const uint16_t *)nb.buf)[t]; break;
+        case 4: for (size_t t = 0; t < count; t++) ((uint32_t *)vb.buf)[pos[t]] = ((const uint32_t *)nb.buf)[t]; break;
+        default: for (size_t t = 0; t < count; t++) ((uint64_t *)vb.buf)[pos[t]] = ((const uint64_t *)nb.buf)[t]; break;
+        }
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(CodecError, "scatter: a position lies outside the tensor");
+        goto done;
+    }
+    out = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&vb);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&nb);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ classes */
+#define MAX_CLASSES 16
+
+typedef struct {
+    int itemsize, nb; /* nb: bounds (classes below the top) */
+    uint64_t mask, bounds[MAX_CLASSES];
+    uint8_t *lut; /* 16-bit floats: class of every magnitude below the top bound */
+} Classes;
+
+static int classes_init(Classes *cl, int itemsize, unsigned long long mask, PyObject *bounds) {
+    cl->itemsize = itemsize;
+    cl->mask = mask;
+    cl->lut = NULL;
+    Py_ssize_t nb = PySequence_Size(bounds);
+    if (nb < 1 || nb >= MAX_CLASSES) {
+        PyErr_SetString(PyExc_ValueError, "classes: 1 to 15 bounds");
+        return -1;
+    }
+    cl->nb = (int)nb;
+    for (Py_ssize_t c = 0; c < nb; c++) {
+        PyObject *item = PySequence_GetItem(bounds, c);
+        if (item == NULL) return -1;
+        cl->bounds[c] = PyLong_AsUnsignedLongLong(item);
+        Py_DECREF(item);
+        if (PyErr_Occurred()) return -1;
+        if ((c && cl->bounds[c] <= cl->bounds[c - 1]) || cl->bounds[c] == 0 || cl->bounds[c] > mask) {
+            PyErr_SetString(PyExc_ValueError, "classes: bounds must increase within (0, mask]");
+            return -1;
+        }
+    }
+    if (itemsize == 2) { /* class by table for the magnitudes below the top bound (the only ones looked up) */
+        cl->lut = malloc(cl->bounds[cl->nb - 1]);
+        if (cl->lut == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (int c = 0; c < cl->nb; c++) {
+            uint64_t lo = c ? cl->bounds[c - 1] : 0;
+            memset(cl->lut + lo, c, cl->bounds[c] - lo);
+        }
+    }
+    return 0;
+}
+
+/* Class of magnitude m below the top bound: the number of bounds <= m. */
+static inline int class_of(const Classes *cl, uint64_t m) {
+    if (cl->lut) return cl->lut[m];
+    int c = 0;
+    while (c < cl->nb && m >= cl->bounds[c]) c++;
+    return c;
+}
+
+#define BLOCK 4096 /* elements enumerated per step into an L1-resident buffer */
+
+/* Offsets from `start` of the positions in [start, start + len) (len <= BLOCK) whose magnitude is below the top
+ * bound, ascending, into out (capacity len + 4); returns how many. 16-bit elements are tested four to a 64-bit
+ * word: per lane, (|x| + 0x8000 - top) sets the lane's top bit iff |x| >= top (no carry crosses lanes); the four
+ * flags are gathered into a 4-bit index by one multiplication, and a table gives the offsets of its lanes packed
+ * into one 64-bit store, so a word costs a few operations and no data-dependent branch. */
+static uint64_t lane_table[16];
+
+static void init_lane_table(void) {
+    for (int m = 0; m < 16; m++) {
+        uint64_t packed = 0;
+        int k = 0;
+        for (int l = 0; l < 4; l++)
+            if (m >> l & 1) packed |= (uint64_t)l << (16 * k++);
+        lane_table[m] = packed;
+    }
+}
+
+static size_t below_top(const Classes *cl, const void *base, size_t start, size_t len, uint16_t *out) {
+    uint64_t top = cl->bounds[cl->nb - 1];
+    size_t k = 0, i = 0;
+    if (cl->itemsize == 2 && cl->mask == 0x7FFF) {
+        const char *bytes = (const char *)base + 2 * start;
+#ifdef __SSE2__
+        /* 32 elements per step: magnitudes (sign bit cleared, so signed 16-bit compares are exact) below the top
+         * bound give a 64-bit mask of bit pairs, and each such element costs one iteration. */
+        const __m128i low15 = _mm_set1_epi16(0x7FFF), topv = _mm_set1_epi16((short)top);
+        for (; i + 32 <= len; i += 32) {
+            uint64_t mask = 0;
+            for (int j = 0; j < 4; j++) {
+                __m128i x = _mm_and_si128(_mm_loadu_si128((const __m128i *)(bytes + 2 * i + 16 * j)), low15);
+                mask |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmplt_epi16(x, topv)) << (16 * j);
+            }
+            while (mask) {
+                out[k++] = (uint16_t)(i + (__builtin_ctzll(mask) >> 1));
+                mask &= mask - 1;
+                mask &= mask - 1;
+            }
+        }
+#else
+        const uint64_t low15 = 0x7FFF7FFF7FFF7FFFull, high1 = 0x8000800080008000ull, lanes = 0x0001000100010001ull;
+        const uint64_t offset = (0x8000ull - top) * lanes, gather = 0x0000200040008001ull;
+        for (; i + 16 <= len; i += 16) { /* 16 elements at a time; skipped when none is below (sparse sets) */
+            uint64_t below[4];
+            for (int j = 0; j < 4; j++) below[j] = ~((load64(bytes + 2 * (i + 4 * j)) & low15) + offset) & high1;
+            if (!(below[0] | below[1] | below[2] | below[3])) continue;
+            for (int j = 0; j < 4; j++) {
+                unsigned m4 = (unsigned)(((below[j] >> 15) * gather) >> 45) & 0xF;
+                uint64_t packed = lane_table[m4] + (i + 4 * j) * lanes;
+                memcpy(out + k, &packed, 8);
+                k += (size_t)__builtin_popcount(m4);
+            }
+        }
+#endif
+    }
+    for (; i < len; i++) {
+        out[k] = (uint16_t)i;
+        k += (load_item(base, start + i, cl->itemsize) & cl->mask) < top; /* the tail, and wider elements */
+    }
+    return k;
+}
+
+PyDoc_STRVAR(class_split_doc,
+             "class_split(base, itemsize, mask, bounds, positions, codes) -> (members, ranks, codes, top positions, "
+             "top codes)\n\nThe encoder's view of a segment's magnitude classes: per class below the top, its member "
+             "count, the member ranks of its changed elements (int64 Bufs) and their value codes; the top class's "
+             "changed positions (flat) and codes. positions: sorted changed positions; codes: their value codes "
+             "(itemsize bytes each). One pass over the base, block by block: the block's changes are split by "
+             "class while the block is in cache, then its elements below the top bound are enumerated.");
+
+static PyObject *py_class_split(PyObject *self, PyObject *args) {
+    Py_buffer bb, pb, cb;
+    int itemsize;
+    unsigned long long mask;
+    PyObject *bounds, *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*iKOy*y*", &bb, &itemsize, &mask, &bounds, &pb, &cb)) return NULL;
+    Classes clv, *cl = &clv;
+    clv.lut = NULL;
+    Vec ranks[MAX_CLASSES], codes[MAX_CLASSES];
+    memset(ranks, 0, sizeof ranks);
+    memset(codes, 0, sizeof codes);
+    PyObject *tp = NULL, *tc = NULL;
+    void *scratch = NULL;
+    size_t scratch_cap = 0;
+    if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds)) goto done;
+    size_t n = (size_t)bb.len / itemsize, count = (size_t)pb.len / 8, nb = (size_t)cl->nb;
+    if ((size_t)cb.len != count * itemsize) {
+        PyErr_SetString(PyExc_ValueError, "class_split: positions and codes differ in length");
+        goto done;
+    }
+    for (size_t c = 0; c < nb; c++) {
+        ranks[c].item = 8;
+        codes[c].item = (size_t)itemsize;
+    }
+    /* scratch: the block's below-top changes (positions + sentinel, codes), the block's enumeration */
+    scratch = pool_get((BLOCK + 1) * (8 + (size_t)itemsize) + (BLOCK + 4) * 2, &scratch_cap);
+    void *tpd, *tcd;
+    tp = buf_new(count * 8, &tpd);
+    tc = tp ? buf_new(count * itemsize, &tcd) : NULL;
+    if (scratch == NULL || tc == NULL) {
+        if (scratch == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *bpos = scratch;
+    char *bcode = (char *)(bpos + BLOCK + 1);
+    uint16_t *block = (uint16_t *)(bcode + (BLOCK + 1) * itemsize);
+    const void *base = bb.buf;
+    const int64_t *pos = pb.buf;
+    const char *code = cb.buf;
+    uint64_t topb = cl->bounds[nb - 1];
+    size_t ntop = 0, cnt[MAX_CLASSES] = {0}, j = 0;
+    int bad = 0, failed = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    for (size_t start = 0; start < n && !bad && !failed; start += BLOCK) {
+        size_t len = n - start < BLOCK ? n - start : BLOCK, end = start + len, nbk = 0;
+        for (; j < count && pos[j] < (int64_t)end; j++) { /* the block's changes, split without a branch */
+            if (pos[j] < (int64_t)start) {
+                bad = 1;
+                break;
+            }
+            uint64_t m = load_item(base, (size_t)pos[j], itemsize) & mask, x = load_item(code, j, itemsize);
+            int is_top = m >= topb;
+            ((int64_t *)tpd)[ntop] = pos[j];
+            store_item(tcd, ntop, itemsize, x);
+            ntop += is_top;
+            bpos[nbk] = pos[j];
+            store_item(bcode, nbk, itemsize, x);
+            nbk += !is_top;
+        }
+        bpos[nbk] = INT64_MAX; /* sentinel */
+        size_t found = below_top(cl, base, start, len, block), jb = 0;
+        for (size_t q = 0; q < found; q++) {
+            int64_t s = (int64_t)(start + block[q]);
+            int c = class_of(cl, load_item(base, (size_t)s, itemsize) & mask);
+            size_t r = cnt[c]++;
+            if (s == bpos[jb]) { /* a changed member: rare, so the branch is predicted */
+                if (vec_reserve(&ranks[c], 1) || vec_reserve(&codes[c], 1)) {
+                    failed = 1;
+                    break;
+                }
+                ((int64_t *)ranks[c].data)[ranks[c].len++] = (int64_t)r;
+                store_item(codes[c].data, codes[c].len++, itemsize, load_item(bcode, jb, itemsize));
+                jb++;
+            }
+        }
+    }
+    bad |= j != count;
+    Py_END_ALLOW_THREADS;
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "class_split: positions must be sorted and lie in the segment");
+        goto done;
+    }
+    PyObject *members = PyList_New(nb), *rl = PyList_New(nb), *cl_codes = PyList_New(nb);
+    if (members && rl && cl_codes) {
+        int ok = 1;
+        for (size_t c = 0; c < nb; c++) {
+            PyObject *m = PyLong_FromSize_t(cnt[c]), *r = vec_to_buf(&ranks[c]), *x = vec_to_buf(&codes[c]);
+            ok &= m && r && x;
+            PyList_SET_ITEM(members, c, m ? m : Py_NewRef(Py_None));
+            PyList_SET_ITEM(rl, c, r ? r : Py_NewRef(Py_None));
+            PyList_SET_ITEM(cl_codes, c, x ? x : Py_NewRef(Py_None));
+        }
+        ((BufObject *)tp)->size = (Py_ssize_t)(ntop * 8);
+        ((BufObject *)tc)->size = (Py_ssize_t)(ntop * itemsize);
+        if (ok) out = PyTuple_Pack(5, members, rl, cl_codes, tp, tc);
+    }
+    Py_XDECREF(members);
+    Py_XDECREF(rl);
+    Py_XDECREF(cl_codes);
+done:
+    for (int c = 0; c < MAX_CLASSES; c++) {
+        vec_free(&ranks[c]);
+        vec_free(&codes[c]);
+    }
+    Py_XDECREF(tp);
+    Py_XDECREF(tc);
+    pool_put(scratch, scratch_cap);
+    free(clv.lut);
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&cb);
+    return out;
+}
+
+PyDoc_STRVAR(class_merge_doc,
+             "class_merge(base, itemsize, mask, bounds, members, ranks, diffs, top_positions, top_diffs) -> "
+             "(positions int64 Buf, differences Buf)\n\nThe decoder's view: the changed members of every class "
+             "below the top (sorted ranks < members, with their differences) and the top class's changes (sorted "
+             "flat positions) merged into one sorted run of positions. Checked: every class has the member count "
+             "the header gives, every top-class position is a top-class member. One pass over the base, block by "
+             "block: its elements below the top bound are enumerated, the block's top-class positions checked "
+             "and both merged while the block is in cache.");
+
+static PyObject *py_class_merge(PyObject *self, PyObject *args) {
+    Py_buffer bb, tpb, tdb;
+    int itemsize;
+    unsigned long long mask;
+    PyObject *bounds, *members, *ranks_l, *diffs_l, *out = NULL;
+    if (!PyArg_ParseTuple(args, "y*iKOOOOy*y*", &bb, &itemsize, &mask, &bounds, &members, &ranks_l, &diffs_l, &tpb,
+                          &tdb))
+        return NULL;
+    Classes clv, *cl = &clv;
+    clv.lut = NULL;
+    Py_buffer rb[MAX_CLASSES], db[MAX_CLASSES];
+    int held = 0;
+    PyObject *pbuf = NULL, *dbuf = NULL;
+    void *scratch = NULL;
+    size_t scratch_cap = 0;
+    if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds)) goto done;
+    size_t nb = (size_t)cl->nb;
+    if (PySequence_Size(members) != cl->nb || PySequence_Size(ranks_l) != cl->nb || PySequence_Size(diffs_l) != cl->nb) {
+        PyErr_SetString(PyExc_ValueError, "class_merge: one member count, rank and difference array per class");
+        goto done;
+    }
+    size_t want[MAX_CLASSES], cnt[MAX_CLASSES] = {0}, nxt[MAX_CLASSES] = {0}, nch[MAX_CLASSES];
+    uint64_t next_rank[MAX_CLASSES];
+    const int64_t *rk[MAX_CLASSES];
+    const char *df[MAX_CLASSES];
+    size_t ntop = (size_t)tpb.len / 8, nbelow = 0;
+    if ((size_t)tdb.len != ntop * itemsize) {
+        PyErr_SetString(PyExc_ValueError, "class_merge: top positions and differences differ in length");
+        goto done;
+    }
+    for (size_t c = 0; c < nb; c++) {
+        PyObject *m = PySequence_GetItem(members, c), *r = PySequence_GetItem(ranks_l, c),
+                 *d = PySequence_GetItem(diffs_l, c);
+        int ok = m && r && d;
+        if (ok) want[c] = PyLong_AsSize_t(m);
+        ok = ok && !PyErr_Occurred() && PyObject_GetBuffer(r, &rb[c], PyBUF_SIMPLE) == 0;
+        if (ok && PyObject_GetBuffer(d, &db[c], PyBUF_SIMPLE) != 0) {
+            PyBuffer_Release(&rb[c]);
+            ok = 0;
+        }
+        Py_XDECREF(m);
+        Py_XDECREF(r);
+        Py_XDECREF(d);
+        if (!ok) goto done;
+        held++;
+        nch[c] = (size_t)rb[c].len / 8;
+        if (rb[c].len % 8 || (size_t)db[c].len != nch[c] * itemsize) {
+            PyErr_SetString(PyExc_ValueError, "class_merge: ranks and differences differ in length");
+            goto done;
+        }
+        rk[c] = rb[c].buf;
+        df[c] = db[c].buf;
+        next_rank[c] = nch[c] ? (uint64_t)rk[c][0] : UINT64_MAX;
+        nbelow += nch[c];
+    }
+    size_t total = nbelow + ntop, n = (size_t)bb.len / itemsize;
+    void *op, *od;
+    pbuf = buf_new(total * 8, &op);
+    dbuf = pbuf ? buf_new(total * itemsize, &od) : NULL;
+    scratch = pool_get(BLOCK * (8 + (size_t)itemsize) + (BLOCK + 4) * 2, &scratch_cap);
+    if (dbuf == NULL || scratch == NULL) {
+        if (scratch == NULL) PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *bpos = scratch;
+    char *bdif = (char *)(bpos + BLOCK);
+    uint16_t *block = (uint16_t *)(bdif + BLOCK * itemsize);
+    const void *base = bb.buf;
+    const int64_t *tpos = tpb.buf;
+    const char *tdif = tdb.buf;
+    const char *err = NULL;
+    uint64_t topb = cl->bounds[nb - 1];
+    Py_BEGIN_ALLOW_THREADS;
+    size_t o = 0, t = 0;
+#define EMIT_OUT(P, SRC, IDX)                                                                                      \
+    ((int64_t *)op)[o] = (P);                                                                                      \
+    store_item(od, o++, itemsize, load_item(SRC, IDX, itemsize));
+    for (size_t start = 0; start < n && err == NULL; start += BLOCK) {
+        size_t len = n - start < BLOCK ? n - start : BLOCK, end = start + len, nbk = 0;
+        size_t found = below_top(cl, base, start, len, block);
+        for (size_t q = 0; q < found; q++) { /* the classes' changed members in this block, in position order */
+            int64_t s = (int64_t)(start + block[q]);
+            int c = class_of(cl, load_item(base, (size_t)s, itemsize) & mask);
+            if (cnt[c]++ == next_rank[c]) { /* rare: predicted */
+                bpos[nbk] = s;
+                store_item(bdif, nbk++, itemsize, load_item(df[c], nxt[c], itemsize));
+                size_t i = ++nxt[c];
+                next_rank[c] = i < nch[c] && rk[c][i] > rk[c][i - 1] ? (uint64_t)rk[c][i] : UINT64_MAX;
+            }
+        }
+        size_t i = 0;
+        for (; t < ntop && tpos[t] < (int64_t)end; t++) { /* the block's top-class changes, checked and merged */
+            int64_t p = tpos[t];
+            if (p < (int64_t)start || (t && p <= tpos[t - 1]) || (load_item(base, (size_t)p, itemsize) & mask) < topb) {
+                err = "a top-class position is not in the top class";
+                break;
+            }
+            for (; i < nbk && bpos[i] < p; i++) {
+                EMIT_OUT(bpos[i], bdif, i);
+            }
+            EMIT_OUT(p, tdif, t);
+        }
+        for (; i < nbk; i++) {
+            EMIT_OUT(bpos[i], bdif, i);
+        }
+    }
+#undef EMIT_OUT
+    if (err == NULL && t < ntop) err = "a top-class position is not in the top class";
+    for (size_t c = 0; c < nb && err == NULL; c++)
+        if (cnt[c] != want[c]) err = "a class's member count differs from the header's";
+        else if (nxt[c] != nch[c]) err = "a class's change ranks are not sorted members";
+    Py_END_ALLOW_THREADS;
+    if (err) {
+        PyErr_SetString(CodecError, err);
+        goto done;
+    }
+    out = PyTuple_Pack(2, pbuf, dbuf);
+done:
+    for (int c = 0; c < held; c++) {
+        PyBuffer_Release(&rb[c]);
+        PyBuffer_Release(&db[c]);
+    }
+    Py_XDECREF(pbuf);
+    Py_XDECREF(dbuf);
+    pool_put(scratch, scratch_cap);
+    free(clv.lut);
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&tpb);
+    PyBuffer_Release(&tdb);
+    return out;
+}
+
+/* ------------------------------------------------------------------------------------------------ bit fields */
+PyDoc_STRVAR(bitmap_ranks_doc,
+             "bitmap_ranks(raw, offset, n, count) -> ranks int64 Buf\n\nThe set bits of an n-bit field (least "
+             "significant bit first); the padding must be zero and `count` bits set.");
+
+static PyObject *py_bitmap_ranks(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t offset, n, count;
+    if (!PyArg_ParseTuple(args, "y*nnn", &b, &offset, &n, &count)) return NULL;
+    PyObject *out = NULL;
+    size_t nbytes = ((size_t)n + 7) / 8;
+    if (offset < 0 || n < 0 || count < 0 || count > n || (size_t)offset + nbytes > (size_t)b.len) {
+        PyErr_SetString(CodecError, "bit field does not fit its buffer");
+        goto done;
+    }
+    void *rp;
+    PyObject *ob = buf_new((size_t)count * 8, &rp);
+    if (ob == NULL) goto done;
+    int64_t *ranks = rp;
+    const uint8_t *bits = (const uint8_t *)b.buf + offset;
+    const char *err = NULL;
+    Py_BEGIN_ALLOW_THREADS;
+    if (n % 8 && bits[nbytes - 1] >> (n % 8)) err = "non-zero padding after a bit field";
+    size_t k = 0;
+    for (size_t i = 0; i < nbytes / 8 * 8 && err == NULL; i += 8) {
+        uint64_t w;
+        memcpy(&w, bits + i, 8); /* little-endian hosts: bit j of the word is element i * 8 + j */
+        while (w) {
+            if (k == (size_t)count) {
+                err = "bit field has more changes than its header says";
+                break;
+            }
+            ranks[k++] = (int64_t)(i * 8 + __builtin_ctzll(w));
+            w &= w - 1;
+        }
+    }
+    for (size_t i = nbytes / 8 * 8; i < nbytes && err == NULL; i++)
+        for (int j = 0; j < 8; j++)
+            if (bits[i] >> j & 1) {
+                if (k == (size_t)count) {
+                    err = "bit field has more changes than its header says";
+                    break;
+                }
+                ranks[k++] = (int64_t)(i * 8 + j);
+            }
+    if (err == NULL && k != (size_t)count) err = "bit field has fewer changes than its header says";
+    Py_END_ALLOW_THREADS;
+    if (err) {
+        Py_DECREF(ob);
+        PyErr_SetString(CodecError, err);
+        goto done;
+    }
+    out = ob;
+done:
+    PyBuffer_Release(&b);
+    return out;
+}
+
+PyDoc_STRVAR(ranks_bitmap_doc, "ranks_bitmap(ranks, n) -> bytes\n\nAn n-bit field (least significant bit first) "
+                               "with the bits of the sorted int64 ranks set.");
+
+static PyObject *py_ranks_bitmap(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*n", &b, &n)) return NULL;
+    PyObject *out = NULL;
+    if (n < 0 || b.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "ranks_bitmap: bad arguments");
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, (n + 7) / 8);
+    if (out == NULL) goto done;
+    uint8_t *bits = (uint8_t *)PyBytes_AS_STRING(out);
+    const int64_t *ranks = b.buf;
+    size_t count = (size_t)b.len / 8;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    memset(bits, 0, (n + 7) / 8);
+    for (size_t k = 0; k < count; k++) {
+        if (ranks[k] < 0 || ranks[k] >= n) {
+            bad = 1;
+            break;
+        }
+        bits[ranks[k] >> 3] |= (uint8_t)(1u << (ranks[k] & 7));
+    }
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        Py_CLEAR(out);
+        PyErr_SetString(PyExc_ValueError, "ranks_bitmap: a rank lies outside the field");
+    }
+done:
+    PyBuffer_Release(&b);
+    return out;
+}
+
+PyDoc_STRVAR(empty_doc, "empty(nbytes) -> Buf\n\nAn uninitialised block from the pool (output arrays of callers).");
+
+static PyObject *py_empty(PyObject *self, PyObject *args) {
+    Py_ssize_t nbytes;
+    if (!PyArg_ParseTuple(args, "n", &nbytes)) return NULL;
+    if (nbytes < 0) return PyErr_Format(PyExc_ValueError, "empty: negative size");
+    void *data;
+    return buf_new((size_t)nbytes, &data);
+}
+
+PyDoc_STRVAR(set_pool_limit_doc, "set_pool_limit(nbytes) -> previous limit\n\nMost bytes of freed blocks the pool keeps.");
+
+static PyObject *py_set_pool_limit(PyObject *self, PyObject *args) {
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "n", &limit)) return NULL;
+    if (limit < 0) return PyErr_Format(PyExc_ValueError, "set_pool_limit: negative size");
+    pthread_mutex_lock(&pool_lock);
+    size_t before = pool_limit;
+    pool_limit = (size_t)limit;
+    for (int c = POOL_CLASSES - 1; c >= 0 && pool_bytes > pool_limit; c--)
+        while (pool_head[c] != NULL && pool_bytes > pool_limit) {
+            void *p = pool_head[c];
+            pool_head[c] = *(void **)p;
+            pool_bytes -= (size_t)1 << c;
+            free(p);
+        }
+    pthread_mutex_unlock(&pool_lock);
+    return PyLong_FromSize_t(before);
+}
+
+/* ------------------------------------------------------------------------------------------------ module */
+static PyMethodDef methods[] = {
+    {"scan", py_scan, METH_VARARGS, scan_doc},
+    {"encode_uints", py_encode_uints, METH_VARARGS, encode_uints_doc},
+    {"decode_positions", py_decode_positions, METH_VARARGS, decode_positions_doc},
+    {"decode_diffs", py_decode_diffs, METH_VARARGS, decode_diffs_doc},
+    {"stage_digests", py_stage_digests, METH_VARARGS, stage_digests_doc},
+    {"scatter", py_scatter, METH_VARARGS, scatter_doc},
+    {"class_split", py_class_split, METH_VARARGS, class_split_doc},
+    {"class_merge", py_class_merge, METH_VARARGS, class_merge_doc},
+    {"bitmap_ranks", py_bitmap_ranks, METH_VARARGS, bitmap_ranks_doc},
+    {"ranks_bitmap", py_ranks_bitmap, METH_VARARGS, ranks_bitmap_doc},
+    {"empty", py_empty, METH_VARARGS, empty_doc},
+    {"set_pool_limit", py_set_pool_limit, METH_VARARGS, set_pool_limit_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pulse", "Compiled kernels of the PULSE codec.", -1,
+                                    methods};
+
+PyMODINIT_FUNC PyInit__pulse(void) {
+    if (PyType_Ready(&BufType) < 0) return NULL;
+    init_lane_table();
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    CodecError = PyErr_NewException("heterorl.weights.native._pulse.CodecError", PyExc_ValueError, NULL);
+    if (CodecError == NULL || PyModule_AddObjectRef(m, "CodecError", CodecError) < 0 ||
+        PyModule_AddObjectRef(m, "Buf", (PyObject *)&BufType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

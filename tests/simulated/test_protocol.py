@@ -1,0 +1,101 @@
+"""The conversation's rules under the simulated clock: admission with lost uploads, a sampler that dies holding
+slots, eta 0 with chunks of several groups, dynamic sampling, and a client that hoards slots it never uses --
+each run reaches its last step (the live cluster runs the same session: tests/live/test_protocol_live.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import capture_records, tiny_config
+from heterorl.loop.protocol import Upload
+from heterorl.simulated.run import build_simulated
+from transport.test_service import REWARD, varied_reward  # noqa: F401 (a fixture)
+
+LINK = "{weights_delay: {kind: uniform, low: 0.5, high: 2}, rollout_delay: {kind: fixed, seconds: 0.2}}"
+
+
+def build(tmp_path: Path, model_dir: Path, *overrides: str):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cluster = build_simulated(tiny_config(model_dir, *overrides), tmp_path, str(model_dir))
+    return cluster, capture_records(cluster)
+
+
+def two(*extra: str) -> list[str]:
+    return [
+        f"cluster.samplers=[{{tokens_per_second: 40, link: {LINK}}}, {{tokens_per_second: 20, link: {LINK}}}]",
+        "cluster.mode=async",
+        "cluster.learner_step_seconds=0.5",
+        "learner.steps=8",
+        *extra,
+    ]
+
+
+def test_admission_with_lost_uploads_reaches_the_last_step(tmp_path: Path, tiny_model_dir: Path) -> None:
+    lossy = f"{{tokens_per_second: 40, link: {LINK[:-1]}, rollout_faults: {{drop: 0.5}}}}}}"
+    cluster, records = build(
+        tmp_path, tiny_model_dir, *two("cluster.eta=1", f"cluster.samplers.1={lossy}", "live.dead_after_s=2")
+    )
+    cluster.run()
+    assert len(records) == 8
+    assert max(r["stale/max"] for r in records) <= 1
+    timeouts = cluster.summary()["samplers"]["sampler-1"]["transport"]["timeouts"]
+    assert timeouts > 0  # uploads were lost and sent again
+
+
+def test_a_sampler_that_dies_holding_slots_gives_them_back_after_its_lease(tmp_path: Path, tiny_model_dir: Path):
+    """Sampler 1 stops answering for good once it holds slots; with eta 0 the budget of a version is one batch,
+    so without its lease running out the learner would wait for its groups forever."""
+    cluster, records = build(tmp_path, tiny_model_dir, *two("cluster.eta=0", "cluster.lease_seconds=5"))
+    dead = cluster.nodes[1].node
+    step = dead.step
+
+    def dies_holding_slots() -> None:
+        if dead.session.available > 0:  # killed: it never generates, sends or answers again
+            dead._closed = True
+            return
+        step()
+
+    dead.step = dies_holding_slots  # type: ignore[method-assign]
+    cluster.run()
+    assert len(records) == 8
+    assert dead._closed
+    assert cluster.loop.admission.voided_total > 0
+
+
+@pytest.mark.usefixtures("varied_reward")
+def test_eta_zero_with_chunks_of_several_groups_and_dynamic_sampling_does_not_stall(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    cluster, records = build(
+        tmp_path,
+        tiny_model_dir,
+        *two("cluster.eta=0", "learner.dynamic_sampling=true", "learner.groups_per_step=6", "learner.steps=6", REWARD),
+    )
+    cluster.run()
+    assert len(records) == 6
+    assert max(r["stale/max"] for r in records) == 0
+    assert records[-1]["net/filtered_total"] > 0  # groups were filtered, their slots given back
+
+
+def test_a_client_hoarding_slots_it_never_uses_cannot_starve_an_honest_sampler(tmp_path: Path, tiny_model_dir: Path):
+    """`sampler-1` is a client that asks for every slot it can, every second, and never sends a group; the
+    fairness bound leaves the honest sampler a batch's worth, and the hoarder's lease runs out (asking does not
+    renew it)."""
+    cluster, records = build(tmp_path, tiny_model_dir, *two("cluster.max_queued_steps=2"))
+    hoarder = cluster.nodes[1].node
+    hoarder.start = lambda: None  # type: ignore[method-assign]
+    events, loop = cluster.events, cluster.loop
+    seq = iter(range(10**6))
+
+    def hoard() -> None:
+        loop.exchange(Upload("sampler-1", "greedy", next(seq), version=0, wanted=10**6))
+        if not loop.done:
+            events.schedule_in(1.0, hoard)
+
+    events.schedule(0.0, hoard)
+    cluster.run()
+    assert len(records) == 8
+    hoarded = loop.admission.per_sampler_counts()["sampler-1"]
+    assert hoarded["granted"] <= loop.admission.max_queued_steps * loop.B - loop.B  # never the last batch's worth

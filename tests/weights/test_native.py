@@ -1,0 +1,361 @@
+"""The compiled codec kernels (weights/native/pulse.c) against the numpy reference: the same patch bytes, the same
+decoded results, the same refusals, kernel by kernel and end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from heterorl.weights import PatchError, apply_patch, encode_patch, native
+from heterorl.weights.classes import members
+from heterorl.weights.diffscan import scan_numpy
+from heterorl.weights.format import UINT, bits_view
+from heterorl.weights.intcode import (
+    StreamSpec,
+    choose_k,
+    decode_uints,
+    decode_values,
+    encode_stream,
+    encode_uints,
+    zigzag_minus_one,
+)
+from heterorl.weights.patch import encode_patches
+from heterorl.weights.plain import decode_positions, gaps
+from heterorl.weights.staged import TensorChanges, chunk_elements, commit, digests, stage
+
+from ._helpers import bits_equal, clone
+from .test_ctxpatch import large_pairs
+from .test_patch import weight_pairs
+
+pytestmark = pytest.mark.skipif(not native.BUILT, reason="the compiled kernels are not built")
+
+
+def test_the_kernels_are_built_and_used_by_default():
+    """`pip install -e .` builds them on this project's machines; without them the codec is several times slower."""
+    assert native.BUILT, "heterorl.weights.native._pulse did not build: run `pip install -e .` with a C compiler"
+    assert native.enabled()
+    with native.use(False):
+        assert not native.enabled()
+    assert native.enabled()
+
+
+@st.composite
+def bit_arrays(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
+    """(base, new) raw-bit arrays of any width and size, changed at a drawn rate, in runs or scattered."""
+    itemsize = draw(st.sampled_from([1, 2, 4, 8]))
+    n = draw(st.integers(0, 3000))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    dtype = UINT[itemsize]
+    base = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
+    new = base.copy()
+    rate = draw(st.sampled_from([0.0, 0.01, 0.2, 1.0]))
+    moved = rng.random(n) < rate
+    new[moved] = rng.integers(0, np.iinfo(dtype).max, int(moved.sum()), dtype=dtype, endpoint=True)
+    return base, new
+
+
+@settings(max_examples=150, deadline=None)
+@given(bit_arrays(), st.booleans(), st.booleans())
+def test_scan_equals_the_reference(pair, hash_base, hash_new):
+    base, new = pair
+    want = scan_numpy(base, new, hash_base, hash_new)
+    got = native.scan(base, new, hash_base, hash_new)
+    assert np.array_equal(got[0], want[0])
+    assert got[0].dtype == np.int64
+    assert np.array_equal(got[1], want[1])
+    assert got[1].dtype == base.dtype
+    assert got[2:] == want[2:]
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[np.ndarray, int]:
+    """(unsigned stream, split point k): geometric, small, huge or all-equal values, any valid k."""
+    itemsize = draw(st.sampled_from([2, 4, 8]))
+    dtype = UINT[itemsize]
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(0, 2500))
+    kind = draw(st.sampled_from(["geometric", "small", "huge", "equal"]))
+    top = np.iinfo(dtype).max
+    if kind == "geometric":
+        x = np.minimum(rng.geometric(draw(st.sampled_from([0.5, 0.01, 1e-4])), n), min(top, 2**62)).astype(dtype)
+    elif kind == "small":
+        x = rng.integers(0, 4, n).astype(dtype)
+    elif kind == "huge":
+        x = rng.integers(0, top, n, dtype=dtype, endpoint=True)
+    else:
+        x = np.full(n, draw(st.integers(0, int(top))), dtype)
+    k = draw(st.sampled_from([k for k in range(8 * itemsize) if k % 8 != 7]))
+    return x, k
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams())
+def test_stream_parts_equal_the_reference(stream):
+    x, k = stream
+    spec, parts = encode_uints(x, k)
+    got_spec, got_parts = encode_stream(x, native.VALUES, k)
+    assert got_spec == spec
+    assert [bytes(p) for p in got_parts] == [bytes(p) for p in parts]
+    spec, parts = encode_uints(x)  # k chosen by the reference, and by the kernel (the reference when too close)
+    got_spec, got_parts = encode_stream(x, native.VALUES, None, x.itemsize * 8)
+    assert got_spec == spec
+    assert [bytes(p) for p in got_parts] == [bytes(p) for p in parts]
+
+
+@settings(max_examples=100, deadline=None)
+@given(bit_arrays())
+def test_gap_and_code_streams_equal_the_reference(pair):
+    """Gaps of sorted positions and value codes of differences, computed inside the kernel."""
+    base, new = pair
+    pos, delta, _, _ = scan_numpy(base, new, False, False)
+    gap_x = gaps(pos, UINT[4])
+    code_x = zigzag_minus_one(delta)
+    for x, src, kind in ((gap_x, pos, native.GAPS), (code_x, delta, native.CODES)):
+        k = choose_k(x)
+        spec, parts = encode_uints(x, k)
+        got_spec, got_parts = encode_stream(src, kind, None, x.itemsize * 8)
+        assert got_spec == spec
+        assert b"".join(bytes(p) for p in got_parts) == b"".join(bytes(p) for p in parts)
+
+
+def _outcome(fn):  # type: ignore[no-untyped-def]
+    try:
+        return fn()
+    except PatchError:
+        return "PatchError"
+
+
+@settings(max_examples=200, deadline=None)
+@given(streams(), st.integers(0, 2**32 - 1), st.integers(0, 3))
+def test_stream_decoding_equals_the_reference_on_any_bytes(stream, seed, flips):
+    """Valid streams decode to the same values; corrupted ones are refused by both or decode to the same values."""
+    x, k = stream
+    spec, parts = encode_uints(x, k)
+    raw = np.concatenate([np.asarray(p, np.uint8) for p in parts]) if parts else np.zeros(0, np.uint8)
+    rng = np.random.default_rng(seed)
+    if raw.size and flips:
+        raw[rng.integers(0, raw.size, flips)] ^= rng.integers(1, 256, flips).astype(np.uint8)
+    dtype = x.dtype.type
+    bits = x.itemsize * 8
+    if x.size:
+        want = _outcome(lambda: decode_positions(decode_uints(raw, x.size, spec, dtype), 2**40, "t"))
+        got = _outcome(lambda: native.decode_positions(raw, 0, x.size, spec, bits, 2**40, "t"))
+        assert type(want) is type(got)
+        assert np.array_equal(want, got)
+    want = _outcome(lambda: decode_values(raw, x.size, spec, dtype, "t"))
+    got = _outcome(lambda: native.decode_diffs(raw, 0, x.size, spec, dtype, "t"))
+    assert type(want) is type(got)
+    assert np.array_equal(want, got)
+
+
+def test_stream_checks_name_the_problem():
+    x = np.array([0, 1, 2, 700], np.uint32)
+    spec, parts = encode_uints(x, 0)
+    raw = np.concatenate(parts)
+    bad = raw.copy()
+    bad[0] |= 0x03  # the first symbol becomes an escape the spec does not count
+    with pytest.raises(PatchError, match="escape"):
+        native.decode_positions(bad, 0, 4, spec, 32, 10_000, "t")
+    with pytest.raises(PatchError, match="positions run past"):
+        native.decode_positions(raw, 0, 4, spec, 32, 10, "t")
+    with pytest.raises(PatchError, match="does not fit"):
+        native.decode_positions(raw[:-1], 0, 4, spec, 32, 10_000, "t")
+    codes = np.array([0, 0xFFFF], np.uint16)  # the all-ones code means "no change"
+    spec, parts = encode_uints(codes, 8)
+    with pytest.raises(PatchError, match="zero change"):
+        native.decode_diffs(np.concatenate(parts), 0, 2, spec, np.uint16, "t")
+    with pytest.raises(PatchError, match="does not fit"):
+        native.decode_diffs(np.concatenate(parts), 0, 2, StreamSpec(8, 1, 0), np.uint16, "t")
+
+
+@settings(max_examples=100, deadline=None)
+@given(bit_arrays(), st.booleans(), st.booleans())
+def test_staged_digests_and_commit_equal_the_reference(pair, want_base, want_result):
+    base, new = pair
+    if base.size == 0:
+        return
+    pos, delta, _, _ = scan_numpy(base, new, False, False)
+    results = []
+    for flag in (False, True):
+        with native.use(flag):
+            view = base.copy()
+            (tc,) = stage([view], [(pos, delta)] if pos.size else [])
+            digest = digests(tc, want_base, want_result)
+            if want_result:
+                commit(tc)
+                assert np.array_equal(view, new)
+            results.append((digest, tc.new.copy() if want_result else None))
+    assert results[0][0] == results[1][0]
+
+
+def test_staged_kernel_refuses_positions_outside_their_chunks():
+    view = np.arange(chunk_elements(np.zeros(1, np.uint16)) * 2, dtype=np.uint16)
+    local = np.array([view.size - 1, 0], np.int64)  # chunk 1 before chunk 0
+    tc = TensorChanges(view, local, np.ones(2, np.uint16), [0, 0, 2], np.empty(2, np.uint16))
+    with native.use(True), pytest.raises(PatchError, match="grouped by chunk"):
+        digests(tc)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 4]), st.integers(1, 6), st.sampled_from([0.0, 0.02, 0.5]))
+def test_class_passes_equal_the_reference(seed, itemsize, n_bounds, rate):
+    """class_split gives each class's members and changed ranks as `classes.members` does; class_merge turns them
+    back into the sorted changes and checks member counts and top-class membership."""
+    rng = np.random.default_rng(seed)
+    dtype = UINT[itemsize]
+    mask = (1 << (8 * itemsize - 1)) - 1
+    n = int(rng.integers(1, 5000))
+    base = (rng.normal(0, 0.02, n).astype(np.float32).view(np.uint32) >> (16 if itemsize == 2 else 0)).astype(dtype)
+    mags = np.sort(np.unique(base & dtype(mask)))
+    drawn = rng.choice(mags[1:], min(n_bounds, mags.size - 1)) if mags.size > 1 else []
+    bounds = sorted({int(b) for b in drawn} - {0}) or [1]
+    pos = np.flatnonzero(rng.random(n) < rate).astype(np.int64)
+    codes = rng.integers(0, 5, pos.size).astype(dtype)
+    n_members, ranks, class_codes, top_pos, top_codes = native.class_split(base, mask, bounds, pos, codes)
+    changed = np.zeros(n, np.bool_)
+    changed[pos] = True
+    want = members(base, mask, bounds, changed)
+    assert n_members == [m.size for m in want]
+    for m, r in zip(want, ranks, strict=True):
+        assert np.array_equal(r, np.flatnonzero(m.changed))
+    in_top = (base[pos] & dtype(mask)) >= bounds[-1]
+    assert np.array_equal(top_pos, pos[in_top])
+    assert np.array_equal(top_codes, codes[in_top])
+    merged_pos, merged = native.class_merge(
+        base, mask, bounds, n_members, list(zip(ranks, class_codes, strict=True)), (top_pos, top_codes), "t"
+    )
+    assert np.array_equal(merged_pos, pos)
+    assert np.array_equal(merged, codes)
+    with pytest.raises(PatchError, match="member count"):
+        native.class_merge(
+            base,
+            mask,
+            bounds,
+            [m + 1 for m in n_members],
+            list(zip(ranks, class_codes, strict=True)),
+            (top_pos, top_codes),
+            "t",
+        )
+    below = np.flatnonzero((base & dtype(mask)) < bounds[-1])
+    if below.size:
+        with pytest.raises(PatchError, match="not in the top class"):
+            native.class_merge(
+                base,
+                mask,
+                bounds,
+                n_members,
+                list(zip(ranks, class_codes, strict=True)),
+                (np.array([below[0]], np.int64), np.ones(1, dtype)),
+                "t",
+            )
+
+
+def _both(base, new):  # type: ignore[no-untyped-def]
+    out = []
+    for flag in (False, True):
+        with native.use(flag):
+            out.append(encode_patches(base, new))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(weight_pairs())
+def test_patch_bytes_are_identical_on_arbitrary_bits(pair):
+    base, new = pair
+    ref, got = _both(base, new)
+    assert got == ref
+    for patch in ref:
+        weights = clone(base)
+        apply_patch(weights, patch)
+        assert bits_equal(weights, new)
+
+
+@settings(max_examples=30, deadline=None)
+@given(large_pairs())
+def test_patch_bytes_are_identical_with_classes(pair):
+    base, new = pair
+    ref, got = _both(base, new)
+    assert got == ref
+    weights = clone(base)
+    apply_patch(weights, ref[1])
+    assert bits_equal(weights, new)
+
+
+@settings(max_examples=40, deadline=None)
+@given(large_pairs(), st.integers(0, 2**32 - 1), st.booleans())
+def test_corrupted_patches_are_refused_alike(pair, seed, context):
+    """A payload byte flipped and the checksum re-signed: the reference and the kernels both refuse it and leave
+    the weights untouched, or both apply the same bits."""
+    from heterorl.weights.format import PREFIX, pack, unpack
+
+    base, new = pair
+    patch = encode_patch(base, new, context=context)
+    blob = unpack(patch)
+    payload = bytearray(blob.payload)
+    if not payload:
+        return
+    rng = np.random.default_rng(seed)
+    payload[int(rng.integers(0, len(payload)))] ^= int(rng.integers(1, 256))
+    forged = pack(blob.header, [bytes(payload)], blob.version)
+    assert len(forged) > PREFIX.size
+    outcomes = []
+    for flag in (False, True):
+        weights = clone(base)
+        with native.use(flag):
+            try:
+                apply_patch(weights, forged)
+                outcomes.append(("applied", {k: bits_view(v).copy() for k, v in weights.items()}))
+            except PatchError:
+                assert bits_equal(weights, base)
+                outcomes.append(("refused", None))
+    assert outcomes[0][0] == outcomes[1][0]
+
+
+def test_threads_give_the_same_bytes_and_results():
+    gen = torch.Generator().manual_seed(0)
+    base = {f"w{i}": (torch.randn(300, 257, generator=gen) * 0.02).bfloat16() for i in range(6)}
+    new = {k: (v.float() - 1e-4 * torch.randn(v.shape, generator=gen)).bfloat16() for k, v in base.items()}
+    one = encode_patches(base, new, workers=1)
+    assert encode_patches(base, new, workers=4) == one
+    for patch in one:
+        weights = clone(base)
+        apply_patch(weights, patch, workers=3)
+        assert bits_equal(weights, new)
+
+
+def test_bit_fields_round_trip_and_check_padding():
+    ranks = np.array([0, 3, 8, 64, 99], np.int64)
+    field = native.ranks_bitmap(ranks, 100)
+    flags = np.zeros(100, np.bool_)
+    flags[ranks] = True
+    assert np.array_equal(field, np.packbits(flags, bitorder="little"))
+    assert np.array_equal(native.bitmap_ranks(field, 0, 100, 5, "t"), ranks)
+    with pytest.raises(PatchError, match="fewer changes"):
+        native.bitmap_ranks(field, 0, 100, 6, "t")
+    bad = field.copy()
+    bad[-1] |= 0x80  # bit 103: padding
+    with pytest.raises(PatchError, match="padding"):
+        native.bitmap_ranks(bad, 0, 100, 5, "t")
+
+
+@pytest.mark.parametrize(("lr", "rate"), [(1e-6, 0.0), (1e-4, 0.0), (0.0, 0.02), (0.0, 0.9)])
+def test_the_size_estimate_tracks_the_coded_patch(lr, rate):
+    """`estimate_nbytes` (what the store decides snapshot-or-patch by) lands within 25% of the coded v1 patch, from
+    sparse Adam-like steps to dense random ones."""
+    from heterorl.weights.patch import encode_versions
+
+    gen = torch.Generator().manual_seed(0)
+    base = {f"w{i}": (torch.randn(200, 300, generator=gen) * 0.02).bfloat16() for i in range(4)}
+    new = {k: (v.float() - lr * torch.randn(v.shape, generator=gen)).bfloat16() for k, v in base.items()}
+    if rate:
+        rng = np.random.default_rng(0)
+        for t in new.values():
+            bits = bits_view(t)
+            moved = rng.random(bits.size) < rate
+            bits[moved] = rng.integers(0, 2**16, int(moved.sum()), dtype=np.uint16)
+    out = encode_versions(base, new, formats=(1,))
+    assert out.v1 is not None
+    assert 0.75 < out.estimated_nbytes / len(out.v1) < 1.25, (out.estimated_nbytes, len(out.v1))
