@@ -280,3 +280,24 @@ def test_a_command_group_alone_prints_its_help_once(group: list[str]) -> None:
     result = CliRunner().invoke(app, group)
     assert result.exit_code == 0, result.output
     assert result.output.count("Usage:") == 1, result.output
+
+
+def test_a_sampler_aimed_where_nothing_listens_says_so_at_once_then_gives_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed port (real TCP): a line in words at the first failure, not only JSON retry lines, and one error
+    line once `live.patience_s` has passed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    config = tmp_path / "config.yaml"
+    config.write_text("seed: 0\n")
+    monkeypatch.setenv("HETERORL_TOKEN", "t" * 24)
+    url = f"http://127.0.0.1:{port}"
+    result = CliRunner().invoke(app, ["sampler", str(config), "--connect", url, "--set", "live.patience_s=2"])
+    assert result.exit_code == 1, result.output
+    words = [line for line in result.output.splitlines() if not line.startswith("{")]
+    assert len(words) == 2, result.output
+    assert words[0].startswith(f"heterorl: no answer from {url} yet"), result.output
+    assert words[0].endswith("retrying for up to 2 s (live.patience_s)"), result.output
+    assert words[1].startswith(f"{ERROR_PREFIX}no answer from {url} for 2 s"), result.output

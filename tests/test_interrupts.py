@@ -1,7 +1,8 @@
 """Ctrl-C (SIGINT to the process group, as a terminal sends it) and SIGTERM (to the command alone, as a scheduler
-sends it) end a simulated `heterorl run` and a parallel `heterorl sweep` with one line that says what was kept and
-how to continue, exit 130, and leave no process behind; a run's first signal lets it finish the step it is on
-(evaluated and saved), a second stops it at once. Real processes and signals."""
+sends it) end a simulated `heterorl run`, a parallel `heterorl sweep`, a standalone `heterorl learner` and
+`heterorl sampler` with one line that says what was kept and how to continue, exit 130, and leave no process
+behind; a simulated run's first signal lets it finish the step it is on (evaluated and saved), a second stops it at
+once. Real processes and signals (`run --live`: tests/live/test_interrupt.py)."""
 
 from __future__ import annotations
 
@@ -175,3 +176,60 @@ def test_a_terminated_sweep_ends_its_runs_too(tmp_path: Path, tiny_model_dir: Pa
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith(INTERRUPTED_PREFIX + "finished runs keep their directories")
     wait_for(lambda: not any(alive(pid) for pid in workers), 30, "the workers to end")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_standalone_sampler_and_learner_end_with_how_to_continue(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`heterorl learner` and `heterorl sampler` on two terminals: SIGTERM to the sampler mid-run ends it with one
+    line (start it again); SIGTERM to the learner ends it with its state saved and the command that resumes it.
+    Real processes over loopback HTTP."""
+    config = tmp_path / "tiny.yaml"
+    config.write_text(tiny(tiny_model_dir) + "live: {checkpoint_every: 2, poll_seconds: 0.5}\n")
+    run_dir, listen = tmp_path / "run", f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "HETERORL_TOKEN": "t" * 24, "OMP_NUM_THREADS": "1"}
+
+    def launch(args: list[str]) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "heterorl.cli", *args],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+
+    learner = launch(["learner", str(config), "--listen", listen, "--run-dir", str(run_dir), "-q"])
+    sampler = launch(["sampler", str(config), "--connect", f"http://{listen}"])
+    try:
+        wait_for(lambda: train_lines(run_dir) >= 2 or learner.poll() is not None, 300, "two learner steps")
+        sampler.send_signal(signal.SIGTERM)
+        _, sampler_err = sampler.communicate(timeout=60)
+        learner.send_signal(signal.SIGTERM)
+        _, learner_err = learner.communicate(timeout=120)
+    finally:
+        for proc in (sampler, learner):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert sampler.returncode == 130, sampler_err
+    words = [line for line in sampler_err.splitlines() if line.strip() and not line.startswith("heterorl: no answer")]
+    assert len(words) == 1, sampler_err
+    assert words[0].startswith(INTERRUPTED_PREFIX + "the sampler stopped"), sampler_err
+    assert shlex.split(words[0].split("start it again with ", 1)[1]) == [
+        "heterorl", "sampler", str(config), "--connect", f"http://{listen}", "--index", "0"
+    ]  # fmt: skip
+    assert learner.returncode == 130, learner_err
+    lines = learner_err.strip().splitlines()
+    assert len(lines) == 1, learner_err
+    kept, again = lines[0].split("; continue with ")
+    assert kept.startswith(f"{INTERRUPTED_PREFIX}{run_dir} keeps the learner's state saved at version "), learner_err
+    assert shlex.split(again) == [
+        "heterorl", "learner", str(config), "--listen", listen, "--run-dir", str(run_dir), "--resume"
+    ]  # fmt: skip
