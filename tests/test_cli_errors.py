@@ -154,6 +154,24 @@ MISTAKES = {
         "exclude each other",
         setup=lambda p: ["--run-dir", str(p.live)],
     ),
+    "run --live --resume with another config": Mistake(
+        b"seed: 1\nlearner: {lr: 0.0003}\n",
+        ["run", "--live", "--resume", "-q"],
+        "live-run/config.yaml in learner.lr (0.0001 -> 0.0003), seed (0 -> 1) (only `live` may change)",
+        setup=lambda p: ["--run-dir", str(p.live)],
+    ),
+    "learner --resume with another config": Mistake(
+        b"seed: 1\n",
+        ["learner", "--resume", "--listen", "127.0.0.1:0"],
+        "in seed (0 -> 1)",
+        setup=lambda p: ["--run-dir", str(p.live)],
+    ),
+    "a missing trace file": Mistake(
+        b"cluster:\n  samplers: [{link: {trace: no-such-trace.jsonl}}]\n", ["run"], "cannot read the trace"
+    ),
+    "a trace that is not a trace": Mistake(
+        b"cluster:\n  samplers: [{link: {trace: config.yaml}}]\n", ["run"], "a trace must be a .jsonl or .csv"
+    ),
     "a sampler name that cannot be a file name": Mistake(
         b"cluster:\n  samplers: [{name: a/b}]\n", ["run"], "cluster.samplers.0.name"
     ),

@@ -153,3 +153,15 @@ def test_every_config_number_has_an_upper_bound() -> None:
     """A value past its bound is a typo, not a plan (`learner.steps=10^30`): every number of every section, the
     cluster's, the network's and the live settings' included, is bounded above."""
     assert _numbers_without_an_upper_bound(RunConfig, "", set()) == []
+
+
+def test_changed_settings_name_each_key_with_both_values() -> None:
+    """What a refused --resume names: dotted keys with the old and new value, `live` left out, long values cut."""
+    from heterorl.config import changed_settings
+
+    before = load_config(None, ["seed=0", "live.poll_seconds=1"])
+    after = load_config(None, ["seed=3", "learner.lr=0.0003", "live.poll_seconds=2", "cluster.samplers=[{}, {}]"])
+    changed = changed_settings(before, after)
+    assert changed[1:] == ["learner.lr (0.0001 -> 0.0003)", "seed (0 -> 3)"]
+    assert changed[0].startswith("cluster.samplers ([{") and changed[0].endswith('...)'), changed[0]
+    assert changed_settings(before, before) == []

@@ -50,6 +50,7 @@ from heterorl.config.objectives import (
 from heterorl.config.run import (
     RunConfig,
     apply_overrides,
+    changed_settings,
     config_to_yaml,
     load_config,
     parse_override,
@@ -142,6 +143,7 @@ __all__ = [
     "WeibullDelay",
     "WeightsConfig",
     "apply_overrides",
+    "changed_settings",
     "check_store_url",
     "config_to_yaml",
     "load_config",

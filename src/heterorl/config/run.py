@@ -206,3 +206,27 @@ def validate_config(data: dict[str, Any]) -> RunConfig:
 def config_to_yaml(cfg: BaseModel) -> str:
     """The resolved config as YAML (round-trips through `load_config`)."""
     return yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False)
+
+
+def changed_settings(before: RunConfig, after: RunConfig, ignore: tuple[str, ...] = ("live",)) -> list[str]:
+    """The settings that differ between two configs, as `dotted.key (old -> new)`, sorted, sections in `ignore`
+    left out: what a refused `--resume` names."""
+    old, new = _flat(before.model_dump(mode="json")), _flat(after.model_dump(mode="json"))
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k.split(".")[0] not in ignore)
+    return [f"{k} ({_short(old.get(k))} -> {_short(new.get(k))})" for k in keys]
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as dotted keys (lists stay whole values)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

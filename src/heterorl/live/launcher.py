@@ -29,9 +29,10 @@ from heterorl.console import Bar, progress_bar
 from heterorl.durable.state import latest_state
 from heterorl.lab import Node, WanLab
 from heterorl.lab.netns import check_host
+from heterorl.live.learner_node import check_same_config
 from heterorl.live.node import PARENT_ENV
 from heterorl.live.preflight import check_live_config
-from heterorl.run.build import checked_model_path, resolve_base_model
+from heterorl.run.build import check_traces, checked_model_path, resolve_base_model
 from heterorl.run.recorder import Observer
 from heterorl.run.run_dir import prepare_run_dir
 from heterorl.transport.http.auth import configured_token, new_token
@@ -237,10 +238,13 @@ def run_live(
     check_live_config(cfg)
     if cfg.live.wan_lab:
         check_host()  # root, iproute2, /dev/net/tun: refused before the warm start is built
+    check_traces(cfg)
     checked_model_path(cfg)
     run_dir = Path(run_dir)
     if resume and not (run_dir / "live" / "state").is_dir():
         raise LiveRunError(f"--resume: {run_dir} holds no live learner state to continue (nothing to resume)")
+    if resume:  # before the run directory's config.yaml, which the learner reads, is written again
+        check_same_config(cfg, run_dir)
     run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite, resume=resume)
     live_dir = run_dir / "live"
     live_dir.mkdir(exist_ok=True)
