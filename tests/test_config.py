@@ -163,5 +163,6 @@ def test_changed_settings_name_each_key_with_both_values() -> None:
     after = load_config(None, ["seed=3", "learner.lr=0.0003", "live.poll_seconds=2", "cluster.samplers=[{}, {}]"])
     changed = changed_settings(before, after)
     assert changed[1:] == ["learner.lr (0.0001 -> 0.0003)", "seed (0 -> 3)"]
-    assert changed[0].startswith("cluster.samplers ([{") and changed[0].endswith('...)'), changed[0]
+    assert changed[0].startswith("cluster.samplers ([{"), changed[0]
+    assert changed[0].endswith("...)"), changed[0]
     assert changed_settings(before, before) == []
