@@ -121,20 +121,19 @@ def heterorl_trial(cfg: RunConfig, warmup: int) -> dict[str, Any]:
     from heterorl.loop.worker import SamplerWorker
     from heterorl.run.build import configure_torch, resolve_base_model
     from heterorl.run.recorder import RunRecorder
-    from heterorl.simulated.cluster import SimulatedCluster
     from heterorl.simulated.run import build_simulated
+    from heterorl.transport.simulated.link import SimLearnerSide
 
     timer = PhaseTimer()
     steps = StepLog(timer)
     generate = SamplerWorker.generate
-    SamplerWorker.generate = lambda self, n: timer.generator("generate", generate(self, n))  # type: ignore[method-assign]
+    SamplerWorker.generate = lambda self, n, load=True: timer.generator("generate", generate(self, n, load))  # type: ignore[method-assign]
     timer.wrap(LearnerLoop, "train", "train")
     for owner, name in [
         (LearnerLoop, "publish"),
         (BackgroundPublisher, "result"),
-        (SimulatedCluster, "_settle"),
-        (SimulatedCluster, "_send_update"),
-        (SimulatedCluster, "_send_shared"),
+        (SimLearnerSide, "settle"),
+        (SimLearnerSide, "_answer"),
         (SamplerWorker, "receive"),
         (SamplerWorker, "refresh"),
     ]:

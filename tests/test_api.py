@@ -114,9 +114,9 @@ def test_the_cli_runs_through_the_trainer(tmp_path: Path, tiny_model_dir: Path, 
     fitted: list[str] = []
     original = Trainer.fit
 
-    def spy(self: Trainer, clock: str = "simulated", ray: str | None = None) -> dict[str, Any] | None:
+    def spy(self: Trainer, clock: str = "simulated", ray: str | None = None, **kw: Any) -> dict[str, Any] | None:
         fitted.append(clock)
-        return original(self, clock, ray)
+        return original(self, clock, ray, **kw)
 
     monkeypatch.setattr(Trainer, "fit", spy)
     args = ["run", "--run-dir", str(tmp_path / "run"), "-q", "--set", f"model.path={tiny_model_dir}"]

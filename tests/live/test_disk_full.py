@@ -93,7 +93,9 @@ def test_a_full_disk_is_answered_507_and_the_learner_carries_on(
     seq = iter(range(100))
 
     async def post(client: TestClient, body: bytes) -> tuple[int, str]:
-        r = await client.post("/v1/exchange", data=upload([body], seq=next(seq)), headers=AUTH)
+        r = await client.post(
+            "/v1/exchange", data=upload([body], seq=next(seq), fingerprint=live.loop.fingerprint), headers=AUTH
+        )
         return r.status, decode_reply(await r.read()).verdicts[0].outcome
 
     async def scenario() -> list[tuple[int, str]]:

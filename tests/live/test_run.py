@@ -45,8 +45,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
     procs: list[subprocess.Popen[bytes]] = []
     original = live_module.ProcessGroup.start
 
-    def start(self: live_module.ProcessGroup, name: str, args: list[str], log: Path) -> subprocess.Popen[bytes]:
-        proc = original(self, name, args, log)
+    def start(self: live_module.ProcessGroup, name: str, args: list[str], log: Path, **kw) -> subprocess.Popen[bytes]:
+        proc = original(self, name, args, log, **kw)
         procs.append(proc)
         return proc
 

@@ -142,15 +142,15 @@ def test_refused_again_and_again_the_session_stops_and_says_why() -> None:
     s.next_actions()
     s.generated(groups(4), 4)
     (up,) = sends(s.next_actions())
-    s.replied(up.seq, reply(up, refused="unknown_sampler", detail="'sampler-0' is not in cluster.samplers"))
+    s.replied(up.seq, reply(up, refused="future_version", detail="version 7 is not published yet"))
     assert s.stopped is None  # 4 groups, one refusal of the whole upload
     for _ in range(2):
         s.next_actions()
         s.generated(groups(4), 4)
         (up,) = sends(s.next_actions())
-        s.replied(up.seq, reply(up, refused="unknown_sampler", detail="'sampler-0' is not in cluster.samplers"))
+        s.replied(up.seq, reply(up, refused="future_version", detail="version 7 is not published yet"))
     assert s.done
-    assert "refused 3 uploads or groups in a row, 3 of them as 'unknown_sampler'" in (s.stopped or "")
+    assert "refused 3 uploads or groups in a row, 3 of them as 'future_version'" in (s.stopped or "")
     assert s.next_actions() == []
 
 

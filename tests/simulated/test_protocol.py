@@ -90,7 +90,7 @@ def test_a_client_hoarding_slots_it_never_uses_cannot_starve_an_honest_sampler(t
     seq = iter(range(10**6))
 
     def hoard() -> None:
-        loop.exchange(Upload("sampler-1", "greedy", next(seq), version=0, wanted=10**6))
+        loop.exchange(Upload("sampler-1", "greedy", next(seq), version=0, wanted=10**6, fingerprint=loop.fingerprint))
         if not loop.done:
             events.schedule_in(1.0, hoard)
 

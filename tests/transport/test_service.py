@@ -84,10 +84,18 @@ def live(tmp_path: Path, tiny_model_dir: Path, varied_reward: str) -> Iterator[L
     live.loop.intake.journal.close()
 
 
-def upload(bodies: list[bytes], digests: list[str] | None = None, sampler: str = "sampler-0", seq: int = 0) -> bytes:
-    """One upload of `bodies` (with their digests, unless given) from a session of `sampler`."""
+def upload(
+    bodies: list[bytes],
+    digests: list[str] | None = None,
+    sampler: str = "sampler-0",
+    seq: int = 0,
+    fingerprint: dict[str, str] | None = None,
+) -> bytes:
+    """One upload of `bodies` (with their digests, unless given) from a session of `sampler` whose config has
+    `fingerprint` (the learner's, for a sampler that agrees with it; `LearnerLoop.fingerprint`)."""
     digests = digests if digests is not None else [body_digest(b) for b in bodies]
-    return encode_upload(Upload(sampler, "test", seq, version=0, groups=tuple(bodies), digests=tuple(digests)))
+    up = Upload(sampler, "test", seq, 0, groups=tuple(bodies), digests=tuple(digests), fingerprint=fingerprint or {})
+    return encode_upload(up)
 
 
 async def answer(response) -> tuple[int, Reply]:
@@ -105,7 +113,8 @@ def test_every_refusal_has_its_status_is_counted_and_training_goes_on(live: Live
     groups = sample_groups(live, tiny_model_dir, 6)
     good = [encode_group(g) for g in groups]
     vocab = live.loop.learner.policy.model.config.vocab_size
-    one = upload([good[0]])
+    fp = live.loop.fingerprint
+    one = upload([good[0]], fingerprint=fp)
     # whole uploads refused: (expected reason, status, headers, body)
     whole: list[tuple[str, int, dict[str, str], bytes]] = [
         ("unauthorized", 401, {}, one),
@@ -114,7 +123,7 @@ def test_every_refusal_has_its_status_is_counted_and_training_goes_on(live: Live
         ("too_large", 413, AUTH, b"x" * 9000),
         ("malformed", 400, AUTH, b"not an upload"),
         ("malformed", 400, AUTH, one[:-3]),
-        ("unknown_sampler", 403, AUTH, upload([good[0]], sampler="intruder")),
+        ("unknown_sampler", 403, AUTH, upload([good[0]], sampler="intruder", fingerprint=fp)),
     ]
 
     def drop_row(g: RolloutGroup) -> None:
@@ -142,7 +151,7 @@ def test_every_refusal_has_its_status_is_counted_and_training_goes_on(live: Live
                 got = await answer(await client.post("/v1/exchange", data=body, headers=headers))
                 assert (got[0], got[1].refused) == (status, reason), reason
             for seq, (outcome, status, body, digest) in enumerate(bad):
-                sent = upload([body], None if digest is None else [digest], seq=seq)
+                sent = upload([body], None if digest is None else [digest], seq=seq, fingerprint=fp)
                 code, reply = await answer(await client.post("/v1/exchange", data=sent, headers=AUTH))
                 assert (code, reply.verdicts[0].outcome) == (status, outcome), outcome
 
@@ -158,10 +167,14 @@ def test_every_refusal_has_its_status_is_counted_and_training_goes_on(live: Live
             assert r.status == 400
 
             trainer.start()
-            code, reply = await answer(await client.post("/v1/exchange", data=upload(good, seq=100), headers=AUTH))
+            code, reply = await answer(
+                await client.post("/v1/exchange", data=upload(good, seq=100, fingerprint=fp), headers=AUTH)
+            )
             assert code == 200
             assert [v.outcome for v in reply.verdicts] == ["accepted"] * 6
-            code, reply = await answer(await client.post("/v1/exchange", data=upload(good[:1], seq=100), headers=AUTH))
+            code, reply = await answer(
+                await client.post("/v1/exchange", data=upload(good[:1], seq=100, fingerprint=fp), headers=AUTH)
+            )
             assert (code, reply.verdicts[0].outcome) == (200, "duplicate")  # a retried upload
             deadline = time.monotonic() + 30
             while live.loop.learner.version < 1 and time.monotonic() < deadline:

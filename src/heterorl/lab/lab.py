@@ -242,6 +242,15 @@ class WanLab:
         self._command("stats")
         return self._reply()
 
+    def cut(self, node: Node, seconds: float) -> None:
+        """Cut a sampler's link in both directions from now for `seconds` (beside its scheduled `outages`):
+        what a test or a user watching the run does to see how it rides out a cut at a chosen moment."""
+        if self._router is None:
+            raise LabError("the lab is not running")
+        if not 0.0 < seconds <= 86_400.0:
+            raise LabError(f"a cut lasts more than 0 and at most 86400 seconds, not {seconds}")
+        self._command(f"cut {self._index(node)} {seconds!r}")
+
     def elapsed(self) -> float:
         """Seconds since the links' time zero (outages and traces count from it)."""
         return time.monotonic() - self.t0

@@ -2,7 +2,8 @@
 
 Started by `WanLab` with the TUN descriptors inherited (`python -m heterorl.lab.router`). Its stdin carries one
 JSON line, the spec (`t0` on CLOCK_MONOTONIC, `seed`, the learner's and samplers' descriptors and addresses,
-each sampler's `LinkConfig`), then commands: `stats` (one JSON line back on stdout) and `quit`; end of file also
+each sampler's `LinkConfig`), then commands: `stats` (one JSON line back on stdout), `cut I SECONDS` (link I down
+in both directions from now for SECONDS, beside its scheduled outages) and `quit`; end of file also
 ends it, so the router never outlives the lab that started it. It ignores SIGINT (a Ctrl-C belongs to the lab,
 which then cleans up in order).
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from heterorl.config import LinkConfig
 from heterorl.lab.shaper import PacketShaper
 from heterorl.network import Link
+from heterorl.network.outages import Outages
 
 READ_BURST = 256  # packets read from one device before the loop looks at the others and the clock
 DRAW_BLOCK = 1024  # delays drawn per numpy call
@@ -107,6 +109,12 @@ class Router:
             "late_max_s": self.late_max,
         }
 
+    def cut(self, index: int, now: float, seconds: float) -> None:
+        """Link `index` down in both directions over [now, now + seconds)."""
+        window = Outages([(now, now + seconds)])
+        for shaper in self.shapers[index].values():
+            shaper.cond.outages = shaper.cond.outages.union(window)
+
     def serve(self, control: int) -> None:
         """The loop: until `quit` or the end of the control pipe."""
         poller = select.epoll()
@@ -132,6 +140,9 @@ class Router:
                         if line.strip() == b"stats":
                             sys.stdout.write(json.dumps(self.stats()) + "\n")
                             sys.stdout.flush()
+                        if line.startswith(b"cut "):
+                            _, index, seconds = line.split()
+                            self.cut(int(index), monotonic() - t0, float(seconds))
                     continue
                 for _ in range(READ_BURST):
                     try:

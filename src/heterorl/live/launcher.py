@@ -39,6 +39,7 @@ from heterorl.transport.http.auth import configured_token, new_token
 
 POLL_S = 0.2
 GRACE_S = 30.0  # time a terminated learner gets to write its final state
+SAMPLER_EXIT_S = 15.0  # time samplers get to exit on their own after the learner's (they settle, then summarise)
 LOG_TAIL_CHARS = 3000
 
 
@@ -76,6 +77,16 @@ class ProcessGroup:
         proc, log, _ = self.procs[name]
         if proc.poll() not in (None, 0):
             raise LiveRunError(f"{name} exited with code {proc.returncode}; end of {log}:\n{log_tail(log)}")
+
+    def wait_for(self, names: list[str], timeout_s: float) -> None:
+        """Give children `names` up to `timeout_s` to exit on their own (a sampler told the run is over still
+        settles the answers on their way and writes its summary line)."""
+        deadline = time.monotonic() + timeout_s
+        for name in names:
+            try:
+                self.procs[name][0].wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                return
 
     def close(self) -> None:
         running = [p for p, _, _ in self.procs.values() if p.poll() is None]
@@ -217,6 +228,7 @@ def _run_children(
                 time.sleep(POLL_S)
             follower.poll()
         procs.check("learner")
+        procs.wait_for(names, SAMPLER_EXIT_S)
     finally:
         procs.close()
 

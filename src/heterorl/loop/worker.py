@@ -43,7 +43,7 @@ class SamplerWorker:
                 f"{sampler.engine.name!r} does not (set sampler.interruptible: false)"
             )
         self.index, self.sampler, self.name = index, sampler, sampler.sampler_id
-        self.receiver = receiver if receiver is not None else WeightReceiver()
+        self.receiver = receiver if receiver is not None else WeightReceiver(workers=cfg.weights.codec_threads)
         self.lock = threading.Lock()  # the receiver's weights and the engine's weights
         self.interruptible = cfg.sampler.interruptible
         self.applied = self.failed = self.ignored = 0  # weight updates

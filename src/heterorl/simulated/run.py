@@ -38,7 +38,7 @@ def build_simulated(cfg: RunConfig, run_dir: Path, base: str, bar: Bar | None = 
     learner = build_learner(cfg, base)
     attach(learner)  # with several ranks: rank 0 shares it (heterorl.parallel.distributed); else nothing
     workers = [
-        SamplerWorker(cfg, i, build_sampler(cfg, i, base, task), SharedReceiver())
+        SamplerWorker(cfg, i, build_sampler(cfg, i, base, task), SharedReceiver(workers=cfg.weights.codec_threads))
         for i in range(len(cfg.cluster.samplers))
     ]
     events = EventLoop()

@@ -47,11 +47,11 @@ class SharedReceiver(WeightReceiver):
     never waits for the publish; bytes applied later (a snapshot, a patch) first copy adopted tensors.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, workers: int = 1) -> None:
         self._shared: SharedUpdate | None = None
         self._hash: str | None = None
         self._borrowed = False  # `weights` are the learner's tensors
-        super().__init__()
+        super().__init__(workers=workers)
 
     @property  # type: ignore[override]
     def state_hash(self) -> str | None:

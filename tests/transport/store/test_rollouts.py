@@ -41,9 +41,17 @@ def intake_of(live, objects) -> StoreIntake:
     return StoreIntake(objects, live.loop, live.cfg.live.max_body_bytes, live.cfg.cluster.groups_per_upload)
 
 
-def put_upload(objects, bodies: list[bytes], seq: int, session: str = "b00t") -> str:
+def put_upload(objects, live, bodies: list[bytes], seq: int, session: str = "b00t") -> str:
     body = encode_upload(
-        Upload("sampler-0", session, seq, 0, groups=tuple(bodies), digests=tuple(map(body_digest, bodies)))
+        Upload(
+            "sampler-0",
+            session,
+            seq,
+            0,
+            groups=tuple(bodies),
+            digests=tuple(map(body_digest, bodies)),
+            fingerprint=live.loop.fingerprint,
+        )
     )
     key = upload_key("sampler-0", session, seq, body)
     objects.put(key, body)
@@ -68,14 +76,18 @@ def test_every_verdict_of_the_http_intake_comes_back_through_the_store(
     side_args = (objects, cfg.transport.store, cfg.live, "sampler-0", "b00t", backoff, EventLog(io.StringIO()))
     objects.put("up/sampler-0/b00t/not-an-upload.up", b"junk")
 
+    def upload_of(seq: int, bodies, digests) -> Upload:
+        fp = live.loop.fingerprint
+        return Upload("sampler-0", "b00t", seq, 0, groups=tuple(bodies), digests=tuple(digests), fingerprint=fp)
+
     async def scenario() -> list:
         side = StoreSamplerSide(*side_args, lambda p: p, lambda: (None, 0))
         replies: list = []
         ups = [
-            Upload("sampler-0", "b00t", 0, 0, groups=tuple(groups[:3]), digests=tuple(map(body_digest, groups[:3]))),
-            Upload("sampler-0", "b00t", 1, 0, groups=(groups[3],), digests=(body_digest(groups[0]),)),  # corrupted
-            Upload("sampler-0", "b00t", 2, 0, groups=(b"x" * 5000,), digests=(body_digest(b"x" * 5000),)),  # > 4096
-            Upload("sampler-0", "b00t", 3, 0, groups=(groups[0],), digests=(body_digest(groups[0]),)),  # again
+            upload_of(0, groups[:3], map(body_digest, groups[:3])),
+            upload_of(1, [groups[3]], [body_digest(groups[0])]),  # corrupted
+            upload_of(2, [b"x" * 5000], [body_digest(b"x" * 5000)]),  # > 4096
+            upload_of(3, [groups[0]], [body_digest(groups[0])]),  # again
         ]
         for up in ups:
             side.exchange(up, replies.append)
@@ -107,11 +119,11 @@ def test_a_full_queue_answers_busy_for_the_groups_it_cannot_take(
     live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *ROLLOUTS, *store_overrides, "live.max_queued_groups=2")
     objects = opened(live)
     bodies = [encode_group(g) for g in sample_groups(live, tiny_model_dir, 3)]
-    put_upload(objects, bodies, 0)
+    put_upload(objects, live, bodies, 0)
     intake_of(live, objects).poll()
     assert outcomes(objects, 0) == ["accepted", "accepted", "busy"]  # the sampler sends the third again later
     live.loop.intake.take(2, live.loop.learner.version, 0.0)  # the learner trains on the two queued groups
-    put_upload(objects, bodies[2:], 1)
+    put_upload(objects, live, bodies[2:], 1)
     intake_of(live, objects).poll()
     assert outcomes(objects, 1) == ["accepted"]
     assert live.loop.intake.counters.accepted == 3
@@ -132,7 +144,7 @@ def test_hostile_entries_where_uploads_belong_are_skipped_counted_and_never_stal
     os.symlink(folder / "loop", folder / "0000000008-0123456789abcdef0123456789abcdef.up")  # a symlink loop
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(str(folder / "0000000009-0123456789abcdef0123456789abcdef.up"))
-    put_upload(objects, bodies, 0)
+    put_upload(objects, live, bodies, 0)
     intake = intake_of(live, objects)
     assert intake.poll() == 1  # the real upload is answered; the rest never opened
     assert outcomes(objects, 0) == ["accepted", "accepted"]
@@ -152,7 +164,7 @@ def test_a_learner_crash_between_journal_and_answer_queues_the_group_once(
     live.checkpoint()  # the state the restarted learner resumes from
     objects = opened(live)
     (group,) = sample_groups(live, tiny_model_dir, 1)
-    key = put_upload(objects, [encode_group(group)], 0)
+    key = put_upload(objects, live, [encode_group(group)], 0)
 
     def crash(key: str, data: bytes) -> None:
         raise SystemExit("the learner died here")
