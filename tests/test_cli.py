@@ -69,7 +69,7 @@ def test_a_missing_model_is_one_line(tmp_path: Path) -> None:
     result = invoke_run(tmp_path, [f"model.path={tmp_path / 'no-such-model'}"])
     assert result.exit_code == 1
     assert errors(result) == [
-        f"error: model.path '{tmp_path / 'no-such-model'}' is not a transformers checkpoint (no config.json)"
+        f"heterorl: error: model.path '{tmp_path / 'no-such-model'}' is not a transformers checkpoint (no config.json)"
     ]
     assert "Traceback" not in result.output
 
@@ -78,7 +78,7 @@ def test_a_missing_data_file_is_one_line(tmp_path: Path, tiny_model_dir: Path) -
     overrides = [*tiny_overrides(tiny_model_dir), "task={name: math, path: nowhere/train.jsonl}"]
     result = invoke_run(tmp_path, overrides)
     assert result.exit_code == 1
-    assert errors(result) == ["error: task.path: data file not found: nowhere/train.jsonl"]
+    assert errors(result) == ["heterorl: error: task.path: data file not found: nowhere/train.jsonl"]
 
 
 def test_a_failing_reward_is_one_line_that_points_into_it(
@@ -92,7 +92,7 @@ def test_a_failing_reward_is_one_line_that_points_into_it(
     assert "Traceback" not in result.output
     (line,) = errors(result)
     assert re.fullmatch(
-        r"error: reward function cli_bad_reward:f raised ZeroDivisionError\('division by zero'\) "
+        r"heterorl: error: reward function cli_bad_reward:f raised ZeroDivisionError\('division by zero'\) "
         r"at .*cli_bad_reward\.py:2 on prompt '\d\+\d='",
         line,
     ), line

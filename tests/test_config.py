@@ -113,3 +113,56 @@ def test_typos_get_the_closest_valid_name(overrides: list[str], line: str) -> No
     with pytest.raises(ConfigError) as info:
         load_config(None, overrides)
     assert line in str(info.value)
+
+
+def _numbers_without_an_upper_bound(model: type, prefix: str, seen: set[type]) -> list[str]:
+    """Dotted names of the int and float fields (list and dict items included) under `model` that have no `le`
+    or `lt`, walking every nested section and every variant of a union."""
+    import typing
+
+    import annotated_types
+    from pydantic import BaseModel
+
+    if model in seen:
+        return []
+    seen.add(model)
+    found = []
+
+    def bounded(metadata: list[object]) -> bool:
+        return any(isinstance(m, annotated_types.Le | annotated_types.Lt) for m in metadata)
+
+    def visit(tp: object, metadata: list[object], name: str) -> None:
+        if typing.get_origin(tp) is typing.Annotated:
+            inner, *extra = typing.get_args(tp)
+            visit(inner, [*metadata, *(m for e in extra for m in getattr(e, "metadata", [e]))], name)
+        elif isinstance(tp, type) and issubclass(tp, BaseModel):
+            found.extend(_numbers_without_an_upper_bound(tp, f"{name}.", seen))
+        elif tp in (int, float):
+            if not bounded(metadata):
+                found.append(name)
+        else:
+            for arg in typing.get_args(tp):  # unions, list items, dict keys and values
+                visit(arg, metadata if typing.get_origin(tp) not in (list, dict) else [], name)
+
+    for field_name, info in model.model_fields.items():
+        visit(info.annotation, list(info.metadata), f"{prefix}{field_name}")
+    return found
+
+
+def test_every_config_number_has_an_upper_bound() -> None:
+    """A value past its bound is a typo, not a plan (`learner.steps=10^30`): every number of every section, the
+    cluster's, the network's and the live settings' included, is bounded above."""
+    assert _numbers_without_an_upper_bound(RunConfig, "", set()) == []
+
+
+def test_changed_settings_name_each_key_with_both_values() -> None:
+    """What a refused --resume names: dotted keys with the old and new value, `live` left out, long values cut."""
+    from heterorl.config import changed_settings
+
+    before = load_config(None, ["seed=0", "live.poll_seconds=1"])
+    after = load_config(None, ["seed=3", "learner.lr=0.0003", "live.poll_seconds=2", "cluster.samplers=[{}, {}]"])
+    changed = changed_settings(before, after)
+    assert changed[1:] == ["learner.lr (0.0001 -> 0.0003)", "seed (0 -> 3)"]
+    assert changed[0].startswith("cluster.samplers ([{"), changed[0]
+    assert changed[0].endswith("...)"), changed[0]
+    assert changed_settings(before, before) == []

@@ -2,45 +2,24 @@
 
 from __future__ import annotations
 
-import functools
+import errno
 import platform
-from collections.abc import Callable, Iterator
+import socket
+from collections.abc import Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
 
 from heterorl import __version__
+from heterorl.cli_errors import Command, Group, command_line, fail, interrupted, on_interrupt, user_errors
 from heterorl.config import ConfigError, load_config
-from heterorl.errors import SetupError
-
-
-class _FlagHelp:
-    """typer prints a type after every option, `--help <bool>` included; flags take no value, so no type."""
-
-    def get_help_option(self, ctx: Any) -> Any:
-        option = super().get_help_option(ctx)  # type: ignore[misc]
-        if option is not None:
-            option.metavar = ""
-        return option
-
-
-class Command(_FlagHelp, TyperCommand):
-    pass
-
-
-class Group(_FlagHelp, TyperGroup):
-    pass
-
 
 app = typer.Typer(
     cls=Group, add_completion=False, no_args_is_help=True, help="RL post-training across slow, unequal networks."
 )
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 # Boolean options are flags (`--live`, no value); metavar "" keeps typer's help from printing a `<bool>` type.
 ConfigArg = Annotated[Path | None, typer.Argument(help="YAML run config (defaults apply when omitted).")]
@@ -76,22 +55,6 @@ def _root(
     """RL post-training across slow, unequal networks."""
 
 
-def user_errors(fn: F) -> F:
-    """A mistake in the user's setup (a missing model or data file, unusable data, a failing reward function, a
-    missing optional package: `heterorl.errors.SetupError`) prints one red line and exits 1; anything else is a
-    bug and keeps its traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except SetupError as exc:
-            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(1) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
 NprocOpt = Annotated[
     int | None,
     typer.Option(
@@ -101,11 +64,7 @@ NprocOpt = Annotated[
 
 
 def _load(config: Path | None, overrides: list[str] | None):
-    try:
-        return load_config(config, overrides or [])
-    except ConfigError as exc:
-        typer.secho(str(exc), fg=typer.colors.RED, err=True)
-        raise typer.Exit(2) from None
+    return load_config(config, overrides or [])  # a ConfigError ends the command in one line (`user_errors`)
 
 
 def weight_traffic_text(summary: dict[str, Any], codec: str | None, wire_dtype: str | None) -> str:
@@ -149,27 +108,57 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
 
 
 @contextmanager
-def _live_errors() -> Iterator[None]:
-    """Failures a user can act on (live setup, token, unreachable learner, ranks, Ray, the store, a diverged
-    learner) print in red and exit 1."""
+def _live_errors(connect: str | None = None) -> Iterator[None]:
+    """Failures a user can act on (live setup, token, unreachable learner, a URL that is no learner, ranks, Ray,
+    the store, a diverged learner, a run directory that cannot be used as asked) end in one line: exit 1, or 2
+    for the config or the run directory. `connect`: the sampler's --connect URL, named when it answers wrongly."""
+    from heterorl.lab import LabError
     from heterorl.launch.errors import LaunchError
-    from heterorl.live.launcher import LiveInterruptedError, LiveRunError
+    from heterorl.live.launcher import LiveRunError
     from heterorl.live.preflight import LiveSetupError
     from heterorl.live.sampler_node import SamplerStoppedError
     from heterorl.loop.learner_loop import TrainingDivergedError
     from heterorl.parallel.distributed import DistributedSetupError
+    from heterorl.run.run_dir import RunDirError
     from heterorl.transport.http.auth import TokenError
-    from heterorl.transport.http.client import AuthError, LearnerUnreachableError
+    from heterorl.transport.http.client import AuthError, LearnerUnreachableError, ProtocolError
     from heterorl.transport.store.objects import StoreSetupError
     from heterorl.transport.store.source import StoreUnreachableError
 
     failures = (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError, TrainingDivergedError)
-    failures += (SamplerStoppedError, LiveInterruptedError)
+    failures += (SamplerStoppedError,)
     try:
         yield
-    except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError, ConfigError) as exc:
-        typer.secho(f"{type(exc).__name__}: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
+    except (ConfigError, RunDirError) as exc:
+        fail(str(exc), 2)
+    except ProtocolError as exc:
+        fail(f"{exc} (is --connect {connect} the learner's URL?)" if connect else str(exc))
+    except (*failures, DistributedSetupError, LaunchError, StoreSetupError, StoreUnreachableError, LabError) as exc:
+        fail(str(exc))
+
+
+def _check_listen(listen: str) -> None:
+    """`--listen HOST:PORT` names an address of this host whose port is free, checked before the model loads (the
+    service binds it minutes later on a large model; a port taken in between still fails at the bind)."""
+    from heterorl.live.preflight import parse_listen
+
+    with _live_errors():
+        host, port = parse_listen(listen)
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as exc:
+        fail(f"--listen {listen}: cannot resolve {host!r} ({exc.strerror})")
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the service binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            why = {
+                errno.EADDRINUSE: "the port is in use (another learner still running?): pick another port or stop it",
+                errno.EADDRNOTAVAIL: f"{host} is not an address of this host",
+                errno.EACCES: "binding this port needs privileges (ports below 1024): pick a port above 1023",
+            }.get(exc.errno or 0, exc.strerror)
+            fail(f"--listen {listen}: {why}")
 
 
 def _under_torchrun(nproc: int | None) -> None:
@@ -213,26 +202,87 @@ def run(
     actors) and write a run directory."""
     cfg = _load(config, set_)
     if resume and (not live or run_dir is None):
-        raise typer.BadParameter("--resume continues a live run: use it with --live and that run's --run-dir")
+        fail("--resume continues a live run: use it with --live and that run's --run-dir", 2)
     if live and ray is not None:
-        raise typer.BadParameter("--live and --ray are two ways to launch the same run: pick one")
+        fail("--live and --ray are two ways to launch the same run: pick one", 2)
+    if ray is not None and cfg.live.wan_lab:
+        fail(
+            "live.wan_lab runs the processes of `run --live` in a WAN lab; Ray places its actors itself: use --live", 2
+        )
     if nproc is not None and (live or ray is not None):
-        raise typer.BadParameter("--nproc runs the simulated learner as N processes; with --ray use ray.learner.ranks")
+        fail("--nproc runs the simulated learner as N processes; with --ray use ray.learner.ranks", 2)
     _under_torchrun(nproc)
     from heterorl.api import Trainer
-    from heterorl.run.run_dir import RunDirError, new_run_dir
+    from heterorl.run.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "run")
     trainer = Trainer(cfg, run_dir=target, show_progress=not quiet, overwrite=overwrite)
-    with _live_errors():
-        try:
-            summary = trainer.fit(clock="live" if live or ray is not None else "simulated", ray=ray, resume=resume)
-        except RunDirError as exc:
-            typer.secho(str(exc), fg=typer.colors.RED, err=True)
-            raise typer.Exit(2) from None
+    if live or ray is not None:  # the learner saves its state and every child ends; the line says how to resume
+        with _live_errors(), _live_interrupt(config, target, set_, ray=ray is not None):
+            summary = trainer.fit(clock="live", ray=ray, resume=resume)
+    else:  # Ctrl-C or SIGTERM: the run finishes the step it is on (a second one stops it at once)
+        with _live_errors(), on_interrupt(lambda: interrupted_run(target, config, set_), soft=trainer.stop):
+            summary = trainer.fit(clock="simulated")
     if summary is None:  # a follower rank of a multi-process learner: rank 0 prints the summary
         return
     _print_summary(summary, target)
+    if trainer.stop_requested:  # only a signal asks this command's trainer to stop
+        again = command_line("run", config, "--run-dir", target, "--overwrite", sets=set_)
+        interrupted(
+            f"{target} holds the run stopped after step {summary['steps']} of {cfg.learner.steps}, evaluated, with "
+            f"checkpoint/ and summary.json; a simulated run does not resume (it is deterministic): run all "
+            f"{cfg.learner.steps} steps with {again}"
+        )
+
+
+def recorded_steps(run_dir: Path) -> int:
+    """Learner steps recorded in a run directory's metrics.jsonl (a line cut short by an interruption is left
+    out)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    with path.open(encoding="utf-8", errors="replace") as f:
+        return sum('"kind": "train"' in line and line.endswith("\n") for line in f)
+
+
+def interrupted_run(run_dir: Path, config: Path | None, sets: list[str] | None) -> str:
+    """What a simulated run stopped at once (a second Ctrl-C) kept, and the command that runs it again."""
+    steps = recorded_steps(run_dir)
+    if steps:
+        kept = f"{run_dir} keeps the resolved config and {steps} learner steps in metrics.jsonl"
+    else:
+        kept = f"{run_dir} keeps only the resolved config (no learner step finished)"
+    again = command_line("run", config, "--run-dir", run_dir, "--overwrite", sets=sets)
+    return f"{kept}; a simulated run does not resume (it is deterministic): run it again with {again}"
+
+
+@contextmanager
+def _live_interrupt(config: Path | None, run_dir: Path, sets: list[str] | None, ray: bool) -> Iterator[None]:
+    """Ctrl-C or SIGTERM ending `run --live` (the launcher ends every child, the learner saving its state first,
+    and raises LiveInterruptedError) or `run --ray` (the actors are ended) in one line: what was kept and the
+    command that continues it."""
+    from heterorl.live.launcher import LiveInterruptedError
+
+    how = "--ray" if ray else "--live"
+    again = command_line(
+        "run", config, how, *(["ADDRESS"] if ray else []), "--run-dir", run_dir, "--overwrite", sets=sets
+    )
+    if ray:
+        learner = command_line("learner", config, "--run-dir", run_dir, "--resume", sets=sets)
+        kept = (
+            f"the Ray actors were ended; {run_dir} on the learner's node keeps its saved state: continue with "
+            f"{learner} and samplers pointed at it, or run it again with {again}"
+        )
+    else:  # interrupted before the children started (the warm start, the run directory)
+        kept = f"no process had started: run it again with {again}"
+    try:
+        with on_interrupt(lambda: kept):
+            yield
+    except LiveInterruptedError as exc:
+        if exc.version is None:
+            interrupted(f"{exc.kept}: run it again with {again}")
+        resume = command_line("run", config, "--live", "--run-dir", run_dir, "--resume", sets=sets)
+        interrupted(f"{exc.kept}; continue with {resume}")
 
 
 @app.command(cls=Command)
@@ -251,9 +301,12 @@ def learner(
     """Run the learner service: samplers pull weights from it and push rollout groups (docs/deployment.md). Under
     torchrun (or with --nproc N) it is N processes: rank 0 serves, every rank trains (`parallel`)."""
     cfg = _load(config, set_)
+    from heterorl.parallel.distributed import is_follower, run_as_rank
+
+    if not is_follower():  # rank 0 (or the one process) serves: its port must be free
+        _check_listen(listen)
     _under_torchrun(nproc)
     from heterorl.live.learner_node import serve_learner
-    from heterorl.parallel.distributed import is_follower, run_as_rank
     from heterorl.run.run_dir import new_run_dir
 
     target = run_dir or new_run_dir(name=config.stem if config else "learner")
@@ -261,8 +314,13 @@ def learner(
         summary = run_as_rank(cfg, lambda: serve_learner(cfg, listen, target, resume=resume, show_progress=not quiet))
     if is_follower():
         return
-    if summary is None:
-        typer.echo(f"stopped; continue with: heterorl learner ... --run-dir {target} --resume")
+    if summary is None:  # stopped by a signal, its state saved
+        from heterorl.durable.state import latest_state
+
+        state = latest_state(target / "live" / "state")
+        kept = f"{target} keeps the learner's state saved at version {state.name.rsplit('-v', 1)[1]}" if state else ""
+        again = command_line("learner", config, "--listen", listen, "--run-dir", target, "--resume", sets=set_)
+        interrupted(f"{kept or f'{target} holds no saved state'}; continue with {again}")
     else:
         _print_summary(summary, target)
 
@@ -281,7 +339,11 @@ def sampler(
     cfg = _load(config, set_)
     from heterorl.live.sampler_node import run_sampler
 
-    with _live_errors():
+    again = command_line(
+        "sampler", config, *(("--connect", connect) if connect else ()), "--index", str(index), sets=set_
+    )
+    kept = f"the sampler stopped (the learner keeps the run; undelivered groups are lost): start it again with {again}"
+    with _live_errors(connect=connect or None), on_interrupt(lambda: kept):
         run_sampler(cfg, connect or None, index)
 
 
@@ -298,7 +360,9 @@ def pretrain(
     from heterorl.pretrain import ensure_base_model
     from heterorl.pretrain import pretrain as do_pretrain
 
-    result = do_pretrain(cfg, out, not quiet) if out else ensure_base_model(cfg, not quiet)
+    again = command_line("pretrain", config, *(("--out", out) if out else ()), sets=set_)
+    with on_interrupt(lambda: f"no checkpoint was written (it is saved only when complete): run {again} again"):
+        result = do_pretrain(cfg, out, not quiet) if out else ensure_base_model(cfg, not quiet)
     cached = " (cached)" if result.cached else ""
     typer.echo(f"base model{cached}: {result.path}  steps={result.steps}  val_accuracy={result.val_accuracy:.1%}")
 
@@ -339,11 +403,12 @@ def evaluate(
     """Held-out accuracy of a checkpoint on its run's task (greedy; pass@k and maj@k with eval.samples=k)."""
     checkpoint, config = eval_inputs(checkpoint, config)
     if not (checkpoint / "config.json").is_file():
-        raise typer.BadParameter(f"{checkpoint} is not a transformers checkpoint (no config.json)")
+        fail(f"{checkpoint} is not a transformers checkpoint (no config.json)", 2)
     if config is None:
-        raise typer.BadParameter(
+        fail(
             f"no --config given and no config.yaml beside {checkpoint} (a run directory holds one): "
-            "pass the config that names the task"
+            "pass the config that names the task",
+            2,
         )
     cfg = _load(config, set_)
     typer.echo(f"config: {config}" + (f" with {', '.join(set_)}" if set_ else ""))
@@ -351,11 +416,12 @@ def evaluate(
     from heterorl.policy import Policy, SamplingParams, resolve_device
     from heterorl.tasks import make_task
 
-    task = make_task(cfg.task)
+    task = make_task(cfg.task, rewards=False)  # held-out accuracy is the verifier's
     policy = Policy.load(checkpoint, resolve_device(cfg.model.device), chat_template=cfg.task.chat_template)
     problems = task.eval_set()
     sampling = SamplingParams.from_config(cfg.sampler)
-    metrics = run_eval(policy, task, problems, cfg.eval, cfg.sampler.max_new_tokens, sampling, seed=cfg.seed)
+    with on_interrupt(lambda: "nothing was written (eval only prints): run the same command again"):
+        metrics = run_eval(policy, task, problems, cfg.eval, cfg.sampler.max_new_tokens, sampling, seed=cfg.seed)
     acc = metrics["eval/accuracy"]
     typer.echo(f"{checkpoint}: held-out greedy accuracy {acc:.1%} on {len(problems)} {cfg.task.name} prompts")
     for line in format_eval(metrics):
@@ -363,6 +429,7 @@ def evaluate(
 
 
 @app.command(cls=Command)
+@user_errors
 def sweep(
     sweep_file: Annotated[Path, typer.Argument(help="Sweep YAML: base, name, grid, zip, seeds, set, workers.")],
     workers: Annotated[int | None, typer.Option("--workers", "-j", help="Parallel runs (default: the file's).")] = None,
@@ -371,10 +438,17 @@ def sweep(
     """Run a grid of configs x seeds as run directories (resumable: finished runs are skipped; in parallel)."""
     from heterorl.sweep import sweep_command
 
-    raise typer.Exit(sweep_command(sweep_file, workers, quiet))
+    def kept() -> str:
+        again = command_line("sweep", sweep_file, *(("--workers", workers) if workers else ()))
+        return f"finished runs keep their directories (summary.json); run {again} again to run only the rest"
+
+    with on_interrupt(kept):
+        code = sweep_command(sweep_file, workers, quiet)
+    raise typer.Exit(code)
 
 
 @app.command(cls=Command)
+@user_errors
 def report(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories or a sweep's output directory.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Where report.md and the PNGs go.")] = Path("report"),
@@ -389,7 +463,8 @@ def report(
     staleness histograms, weight traffic)."""
     from heterorl.report import report_command
 
-    report_command(run_dirs, out, baseline, group_by)
+    with on_interrupt(lambda: f"{out} may hold part of the report: run the same command again"):
+        report_command(run_dirs, out, baseline, group_by)
 
 
 @app.command(cls=Command)
@@ -413,6 +488,7 @@ app.add_typer(sync_app, name="sync")
 
 
 @sync_app.command("bench", cls=Command)
+@user_errors
 def sync_bench(
     params: Annotated[float, typer.Option(help="Synthetic model size in parameters (e.g. 1e9).")] = 1e8,
     lr: Annotated[float, typer.Option(help="Learning rate of the step (synthetic: lr * sign(g)).")] = 1e-6,
@@ -436,25 +512,31 @@ def sync_bench(
     from heterorl.bench.steps import STEPS
 
     if (base is None) != (new is None):
-        raise typer.BadParameter("--base and --new go together")
+        fail("--base and --new go together", 2)
     if step not in STEPS:
-        raise typer.BadParameter(f"--step must be one of {STEPS}")
+        fail(f"--step must be one of {', '.join(STEPS)}", 2)
+    if not 1e3 <= params <= 1e11:
+        fail(f"--params {params:g}: give a model size between 1e3 and 1e11 parameters", 2)
     what = f"change rate {change_rate}" if change_rate and step == "synthetic" else f"lr {lr}"
     size = f"{params:.3g} parameters, " if step in ("synthetic", "noise") else ""
     typer.echo(f"{step} step: {size}" + ("the demo's own lr" if step == "demo" else what))
-    run_sync_bench(int(params), change_rate, lr, seed, level=level, workers=workers, step=step)
     pairs = []
     if run is not None:
+        if not (run / "summary.json").is_file():
+            fail(f"--run {run}: no summary.json there (not a finished run directory)", 2)
         summary = json.loads((run / "summary.json").read_text())
         pairs.append((Path(summary["base_model"]), run / "checkpoint"))
     if base is not None and new is not None:
         pairs.append((base, new))
-    for a, b in pairs:
-        typer.echo(f"\ncheckpoints: {a} -> {b}")
-        compare_checkpoints(a, b, level=level, workers=workers)
+    with on_interrupt(lambda: "nothing was written (the bench only prints): run it again, smaller with --params"):
+        run_sync_bench(int(params), change_rate, lr, seed, level=level, workers=workers, step=step)
+        for a, b in pairs:
+            typer.echo(f"\ncheckpoints: {a} -> {b}")
+            compare_checkpoints(a, b, level=level, workers=workers)
 
 
 @sync_app.command("inspect", cls=Command)
+@user_errors
 def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory.")]) -> None:
     """Per-version sparsity and weight traffic of a run (from its metrics.jsonl; version 0, the initial
     snapshot, is left out)."""
@@ -463,10 +545,16 @@ def sync_inspect(run_dir: Annotated[Path, typer.Argument(help="A run directory."
     from heterorl.console import out
     from heterorl.metrics import read_metrics
 
-    records = read_metrics(run_dir / "metrics.jsonl")
+    if not (run_dir / "metrics.jsonl").is_file():
+        what = "does not exist" if not run_dir.exists() else "has no metrics.jsonl (not a run directory)"
+        fail(f"{run_dir} {what}", 2)
+    try:
+        records = read_metrics(run_dir / "metrics.jsonl")
+    except (ValueError, UnicodeDecodeError) as exc:
+        fail(f"{run_dir / 'metrics.jsonl'} is not JSON lines ({exc})", 2)
     steps = [r for r in records if r.get("kind") == "train" and "sync/bytes" in r and r["sync/version"] > 0]
     if not steps:
-        raise typer.BadParameter(f"{run_dir} has no weight-sync records")
+        fail(f"{run_dir} has no weight-sync records", 2)
     table = Table(title=f"weight sync of {run_dir}")
     for col in ("version", "changed share", "bytes sent", "full bytes", "ratio"):
         table.add_column(col, justify="right")
@@ -576,8 +664,10 @@ app.add_typer(lab_app, name="lab")
 def lab_ping(
     config: ConfigArg = None,
     overrides: SetOpt = None,
-    seconds: Annotated[float, typer.Option(min=0.5, help="Length of each bulk transfer at the link's rate (s).")] = 3.0,
-    pings: Annotated[int, typer.Option(min=1, help="Round trips measured per link.")] = 10,
+    seconds: Annotated[
+        float, typer.Option(min=0.5, max=600.0, help="Length of each bulk transfer at the link's rate (s).")
+    ] = 3.0,
+    pings: Annotated[int, typer.Option(min=1, max=10_000, help="Round trips measured per link.")] = 10,
 ) -> None:
     """Each sampler link of the config, shaped in a WAN lab: round trip (1-byte pings on a TCP connection) and
     steady rates (bulk upload and download, second half of the bytes) measured through real TCP, beside the
@@ -595,18 +685,17 @@ def lab_ping(
     for i, link in enumerate(links):
         median = configured_rtt(link, n=1000)[0]
         if median > MAX_PING_RTT_S:
-            typer.secho(
-                f"error: cluster.samplers.{i}.link has a median round trip of {median:.0f} s; `lab ping` measures "
-                f"links up to {MAX_PING_RTT_S:.0f} s (set shorter delays with --set)",
-                fg=typer.colors.RED,
-                err=True,
+            fail(
+                f"cluster.samplers.{i}.link has a median round trip of {median:.0f} s; `lab ping` measures links up "
+                f"to {MAX_PING_RTT_S:.0f} s (set shorter delays with --set)",
+                2,
             )
-            raise typer.Exit(1)
     table = Table(title="WAN lab links: configured vs measured through TCP")
     for col in ("sampler", "RTT cfg p50/p90", "RTT measured p50/p90", "up cfg/measured", "down cfg/measured", "retx"):
         table.add_column(col, justify="right")
+    measured = "nothing was kept (lab ping only prints; its namespaces were removed): run it again"
     try:
-        with WanLab(links, seed=cfg.seed) as lab:
+        with on_interrupt(lambda: measured), WanLab(links, seed=cfg.seed) as lab:
             start_probe_server(lab)
             before = lab.stats()["cpu_s"]
             for i, node in enumerate(cfg.cluster.samplers):
@@ -625,8 +714,7 @@ def lab_ping(
                 )
             stats = lab.stats()
     except LabError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
+        fail(str(exc))
     out.print(table)
     out.print(
         f"rates in payload Mbit/s (1448 of 1500 bytes); router CPU {stats['cpu_s'] - before:.2f} s over "
@@ -651,8 +739,7 @@ def lab_clean() -> None:
     try:
         check_host()
     except LabError as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
+        fail(str(exc))
     removed = remove_stale()
     typer.echo(f"removed {len(removed)} namespace(s)" + (f": {', '.join(removed)}" if removed else ""))
 

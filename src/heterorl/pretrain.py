@@ -62,7 +62,7 @@ def base_model_key(cfg: RunConfig) -> str:
         "characters": CHARACTERS,
         "seed": pretrain_seed(cfg),
         "model": cfg.model.model_dump(exclude={"path", "device"}),
-        "task": cfg.task.model_dump(),
+        "task": cfg.task.model_dump(exclude={"reward", "reward_weights"}),  # the warm start uses no reward
         "pretrain": cfg.pretrain.model_dump(exclude={"seed"}),
         "max_new_tokens": cfg.sampler.max_new_tokens,
         "threads": cfg.runtime.threads,
@@ -111,7 +111,7 @@ def pretrain(cfg: RunConfig, out_dir: str | Path, show_progress: bool = True) ->
 
 def _pretrain(cfg: RunConfig, out: Path, show_progress: bool) -> PretrainResult:
     pc = cfg.pretrain
-    task: Task = make_task(cfg.task)
+    task: Task = make_task(cfg.task, rewards=False)
     seed = pretrain_seed(cfg)
     policy = Policy.from_config(cfg.model, seed=seed)
     stream = task.train_stream(seed + 17)

@@ -106,13 +106,13 @@ class Sampler:
                 self.text, self.engine, gen, [p for p in problems for _ in range(G)], self.params
             )
         texts = self.text.decode_completions(gen.completion_ids_NL, gen.completion_mask_NL)
-        scored: list[float] = []
-        verdicts: list[dict[str, int]] = []  # per group: answers the verifier could not read, checks that timed out
-        for k, problem in enumerate(problems):
-            before = self.task.stats()
-            scored += [self.task.score(problem, t) for t in texts[k * G : (k + 1) * G]]
-            after = self.task.stats()
-            verdicts.append({key: after[key] - before[key] for key in VERDICT_INFO} if after["checked"] else {})
+        if self.task.custom_reward is not None:  # the configured functions; a batched one is called once
+            scored, verdicts = (
+                self.task.score_batch([p for p in problems for _ in range(G)], texts),
+                [{}] * len(problems),
+            )
+        else:
+            scored, verdicts = self._verify(problems, texts)
         rewards = torch.tensor(scored)
         if self.frictions is not None:
             rewards = self.frictions.corrupt_rewards(rewards)
@@ -143,3 +143,15 @@ class Sampler:
         if self.adversary is not None:
             groups = self.adversary.tamper(groups, self.version)
         return groups
+
+    def _verify(self, problems: list[Problem], texts: list[str]) -> tuple[list[float], list[dict[str, int]]]:
+        """The verifier's rewards, and per group what it could not read or check in time (`VERDICT_INFO`)."""
+        G = self.group_size
+        scored: list[float] = []
+        verdicts: list[dict[str, int]] = []
+        for k, problem in enumerate(problems):
+            before = self.task.stats()
+            scored += [self.task.score(problem, t) for t in texts[k * G : (k + 1) * G]]
+            after = self.task.stats()
+            verdicts.append({key: after[key] - before[key] for key in VERDICT_INFO} if after["checked"] else {})
+        return scored, verdicts

@@ -335,6 +335,10 @@ def _execute(jobs: list[tuple[RunSpec, RunConfig]], workers: int, runner: Runner
                 yield RunOutcome(run, "done", seconds=future.result())
             except Exception as exc:
                 yield _failure(run, exc)
+    except KeyboardInterrupt:  # Ctrl-C, or a SIGTERM the CLI turned into one: the running runs end now too
+        for process in list(getattr(pool, "_processes", {}).values()):  # Python 3.14: pool.terminate_workers()
+            process.terminate()
+        raise
     finally:  # on Ctrl-C, queued runs must not start (a plain `with` would wait for all of them)
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -405,12 +409,12 @@ def sweep_command(sweep_file: Path, workers: int | None, quiet: bool, runner: Ru
     `runner` is for tests (a runner that does not train)."""
     from rich.table import Table
 
-    from heterorl.console import console
+    from heterorl.console import console, print_error
 
     try:
         result = run_sweep(sweep_file, workers=workers, show_progress=not quiet, runner=runner)
     except (SweepError, ConfigError) as exc:
-        console.print(str(exc), style="red", markup=False)
+        print_error(str(exc))
         return 2
     counts = {s: sum(o.status == s for o in result.outcomes) for s in ("done", "skipped", "failed")}
     table = Table(title=f"heterorl sweep {result.sweep.spec.name}", show_header=False, title_justify="left")

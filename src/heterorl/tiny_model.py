@@ -110,7 +110,7 @@ def make_tiny_model(
 ) -> Path:
     """Build the tokenizer and model from the training problems of the math task `task_cfg` (prompts as the run
     sees them, as a user turn of the chat template) and save both into `out`."""
-    task = make_task(task_cfg.model_copy(update={"chat_template": True}))
+    task = make_task(task_cfg.model_copy(update={"chat_template": True}), rewards=False)
     problems = task.train_problems
     tok = train_tokenizer([p.prompt for p in problems] + [p.answer for p in problems], vocab_size)
     policy = Policy(build_qwen3(tok, hidden, layers, seed), tok, torch.device("cpu"), chat_template=True)

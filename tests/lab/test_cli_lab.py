@@ -1,4 +1,4 @@
-"""`heterorl lab` without root: one line, exit 1, nothing made."""
+"""`heterorl lab` mistakes: one line with the prefix every command uses (without root: exit 1, nothing made)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from heterorl.cli import app
+from heterorl.cli_errors import ERROR_PREFIX
 from heterorl.lab.netns import lab_namespaces
 
 REPO_CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "wanlab.yaml")
@@ -21,7 +22,9 @@ def test_lab_commands_refuse_without_root(args: list[str], monkeypatch: pytest.M
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1
     lines = result.output.strip().splitlines()
-    assert lines == ["error: the WAN lab needs root: it makes network namespaces and TUN devices (run it as root)"]
+    assert lines == [
+        f"{ERROR_PREFIX}the WAN lab needs root: it makes network namespaces and TUN devices (run it as root)"
+    ]
     assert lab_namespaces() == before
 
 
@@ -34,6 +37,6 @@ def test_lab_ping_checks_the_config_first() -> None:
 def test_lab_ping_refuses_links_too_slow_to_measure() -> None:
     demo = str(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml")  # log-normal 60-1800 s delays
     result = CliRunner().invoke(app, ["lab", "ping", demo])
-    assert result.exit_code == 1
-    assert "cluster.samplers.0.link has a median round trip of" in result.output
+    assert result.exit_code == 2  # a config mistake
+    assert result.output.startswith(f"{ERROR_PREFIX}cluster.samplers.0.link has a median round trip of")
     assert len(result.output.strip().splitlines()) == 1

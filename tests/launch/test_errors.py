@@ -25,7 +25,7 @@ def test_ray_sampler_resources_match_the_sampler_nodes() -> None:
     assert load_config(None, [two, "ray.samplers=[{num_cpus: 2}]"]).ray.sampler_resources(1).num_cpus == 2
     with pytest.raises(ConfigError, match=r"ray\.samplers has 3 entries for 2 sampler nodes"):
         load_config(None, [two, "ray.samplers=[{}, {}, {}]"])
-    with pytest.raises(ConfigError, match="custom resources need a name and an amount"):
+    with pytest.raises(ConfigError, match=r"ray\.samplers\.0\.resources\.region: Input should be greater than 0"):
         load_config(None, ["ray.samplers=[{resources: {region: 0}}]"])
     with pytest.raises(ConfigError, match=r"parallel\.strategy"):
         load_config(None, ["parallel.strategy=zero3"])

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import smoke_config
+from conftest import smoke_config, tiny_config
 from heterorl.launch.ray import run_ray
 from heterorl.metrics import read_metrics
 
@@ -81,3 +81,33 @@ def test_two_learner_ranks_as_ray_actors_train_the_single_process_run(tmp_path: 
     a = load_file(str(tmp_path / "one" / "checkpoint" / "model.safetensors"))
     b = load_file(str(tmp_path / "ray" / "checkpoint" / "model.safetensors"))
     assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-5
+
+
+@pytest.mark.ray
+def test_callbacks_run_in_the_driver_and_stop_finishes_the_ray_run(
+    tmp_path: Path, local_ray: Any, tiny_model_dir: Path
+) -> None:
+    """The Trainer's callbacks under Ray: every record of the learner actor, in order, in this process; `stop()`
+    reaches rank 0 through the board and the run ends after the step it was on, evaluated."""
+    from heterorl import Callback, Trainer
+
+    class StopAt(Callback):
+        def __init__(self) -> None:
+            self.seen: list[tuple[str, int]] = []
+
+        def on_step(self, trainer: Trainer, record: dict[str, Any]) -> None:
+            self.seen.append(("train", record["step"]))
+            if record["step"] == 4:
+                trainer.stop()
+
+        def on_evaluate(self, trainer: Trainer, record: dict[str, Any]) -> None:
+            self.seen.append(("eval", record["step"]))
+
+    cfg = tiny_config(tiny_model_dir, "learner.steps=300", "eval.every=3", "ray.learner.actor.num_cpus=0.5")
+    watcher = StopAt()
+    summary = Trainer(cfg, run_dir=tmp_path / "run", callbacks=[watcher], show_progress=False).fit("live", "local")
+    assert 4 <= summary["steps"] < 300
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert watcher.seen == [(r["kind"], r["step"]) for r in records]
+    assert records[-1]["kind"] == "eval"
+    assert records[-1]["step"] == summary["steps"]

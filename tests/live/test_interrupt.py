@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import tiny_config
+from heterorl.cli_errors import INTERRUPTED_EXIT, INTERRUPTED_PREFIX
 from heterorl.config import config_to_yaml
 from heterorl.eventlog import read_events
 from live.test_processes import processes, state_group_ids  # noqa: F401 (its reward module and environment)
@@ -79,12 +81,12 @@ def test_sigterm_ends_with_one_line_leaves_no_child_and_resume_finishes_the_run(
     pids = children_of(run)
     first.send_signal(signal.SIGTERM)
     _, err = first.communicate(timeout=120)
-    assert first.returncode != 0
+    assert first.returncode == INTERRUPTED_EXIT, err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) <= 3, err
-    assert "interrupted: the learner saved its state at version" in err
-    assert f"--run-dir {run} --resume" in err
-    assert "Traceback" not in err
+    assert len(lines) == 1, err
+    kept, again = lines[0].split("; continue with ")
+    assert kept.startswith(f"{INTERRUPTED_PREFIX}{run} keeps the learner's state saved at version "), err
+    assert shlex.split(again) == ["heterorl", *argv[1:-1], "--resume"]  # the same command, --resume added
     wait_for(lambda: not any(alive(p) for p in pids), 30, "every child to end")
 
     again = subprocess.run([*argv, "--resume"], env=env, capture_output=True, text=True, timeout=600)
@@ -101,13 +103,32 @@ def test_sigterm_ends_with_one_line_leaves_no_child_and_resume_finishes_the_run(
     assert acked <= consumed | queued  # nothing acknowledged lost across the interruption
 
 
+def test_ctrl_c_ends_with_one_line_and_leaves_no_child(tmp_path: Path, config) -> None:
+    """Ctrl-C as a terminal sends it: SIGINT to the launcher's process group (the children are in sessions of
+    their own, so the launcher ends them: SIGTERM, the learner saving its state)."""
+    path, env = config
+    run = tmp_path / "run"
+    argv = [HETERORL, "run", str(path), "--live", "--run-dir", str(run), "--quiet"]
+    launcher = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(lambda: steps_done(run) >= 1 and len(children_of(run)) == 3, 240, "the first step")
+    pids = children_of(run)
+    os.killpg(launcher.pid, signal.SIGINT)
+    _, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == INTERRUPTED_EXIT, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith(f"{INTERRUPTED_PREFIX}{run} keeps the learner's state saved at version "), err
+    assert err.strip().endswith(f"--run-dir {run} --resume"), err
+    wait_for(lambda: not any(alive(p) for p in pids), 30, "every child to end")
+
+
 def test_resume_refuses_a_directory_with_nothing_to_resume(tmp_path: Path, config) -> None:
     path, env = config
     argv = [HETERORL, "run", str(path), "--live", "--run-dir", str(tmp_path / "typo"), "--resume", "--quiet"]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0
-    assert "nothing to resume" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"heterorl: error: --resume: {tmp_path / 'typo'} holds no live learner state to continue (nothing to resume)"
+    ]
     assert not (tmp_path / "typo" / "metrics.jsonl").exists()
 
 

@@ -6,6 +6,7 @@ import random
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +39,32 @@ def no_info(prompt, completion, answer):
     return 1.0
 
 NOT_CALLABLE = 3
+
+CALLS = []
+
+def batched_len(prompts, completions, answer, **kwargs):
+    """TRL's signature: every completion of a batch at once, the dataset's fields as keywords."""
+    CALLS.append({"prompts": prompts, "completions": completions, "answer": answer, **kwargs})
+    return [float(len(c)) for c in completions]
+
+def batched_some(completions, **kwargs):
+    return [1.0 if c == "132" else None for c in completions]
+
+def batched_short(prompts, completions, **kwargs):
+    return [1.0]
+
+def batched_nan(completions, **kwargs):
+    return [float("nan")] * len(completions)
+
+def batched_numpy(completions, **kwargs):
+    import numpy as np
+    return np.full(len(completions), 0.5)
+
+def batched_no_kwargs(prompts, completions):
+    return [0.0] * len(completions)
+
+def batched_needs(completions, difficulty, **kwargs):
+    return [0.0] * len(completions)
 '''
 
 
@@ -72,6 +99,7 @@ def test_a_custom_reward_gets_the_task_extras(math_small: Path) -> None:
         (f"{MODULE}:missing", f"module '{MODULE}' has no attribute 'missing'"),
         (f"{MODULE}:NOT_CALLABLE", "is a int, not callable"),
         (f"{MODULE}:no_info", r"must accept \(prompt, completion, answer, \*\*info\)"),
+        (f"{MODULE}:batched_no_kwargs", r"is batched \(it has `completions`\) and must accept \*\*kwargs"),
     ],
 )
 def test_bad_paths_fail_when_loading_and_name_the_field(spec: str, message: str) -> None:
@@ -133,3 +161,82 @@ def test_a_missing_module_names_the_working_directory(tmp_path: Path, monkeypatc
     monkeypatch.setattr(sys, "path", list(sys.path))
     with pytest.raises(ValueError, match=rf"not found in the working directory {tmp_path} or on sys.path"):
         load_reward_fn("heterorl_nowhere:f")
+
+
+def test_a_batched_function_is_called_once_per_batch_with_the_records_fields(math_small: Path) -> None:
+    """TRL's keyword arguments: prompts, completions, the reference answers, and each record field but the
+    prompt's (for a file: its columns; `source` for the source's name)."""
+    module = __import__(MODULE)
+    task = make_task(MathTaskConfig(path=str(math_small), reward=f"{MODULE}:batched_len"))
+    problems = task.eval_set()[:2]
+    batch = [problems[0], problems[0], problems[1]]
+    assert task.score_batch(batch, ["12", "1", "a b c"]) == [2.0, 1.0, 5.0]
+    (call,) = module.CALLS
+    assert call["prompts"] == [p.prompt for p in batch]
+    assert call["completions"] == ["12", "1", "a b c"]
+    assert call["answer"] == [p.answer for p in batch]
+    assert call["problem"] == [p.info["record"]["problem"] for p in batch]  # the record's own column
+    assert call["source"] == ["math_small"] * 3
+    assert sorted(call) == ["answer", "completions", "problem", "prompts", "source"]
+
+
+def test_weighted_functions_sum_and_none_adds_nothing() -> None:
+    """reward = 2 * length (per completion) + 0.5 * batched_some (1 for '132', None elsewhere)."""
+    task = make_task(
+        AdditionTaskConfig(reward=[f"{MODULE}:length", f"{MODULE}:batched_some"], reward_weights=[2.0, 0.5])
+    )
+    p = Problem("47+85=", "132")
+    assert task.score_batch([p, p, p], ["132", "999", "9"]) == [2.5, 2.0, 0.0]
+    assert task.score(p, "132") == 2.5
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        ("batched_short", r"returned list of length 1 for 2 completions"),
+        ("batched_nan", r"returned nan on prompt '47\+85='"),
+        ("batched_needs", r"raised TypeError\(.*difficulty.*\) .*on a batch of 2 completions"),
+    ],
+)
+def test_a_failing_batched_reward_stops_scoring(fn: str, message: str) -> None:
+    task = make_task(AdditionTaskConfig(reward=f"{MODULE}:{fn}"))
+    p = Problem("47+85=", "132")
+    with pytest.raises(RewardError, match=message):
+        task.score_batch([p, p], ["1", "2"])
+
+
+def test_a_batched_reward_may_return_an_array() -> None:
+    task = make_task(AdditionTaskConfig(reward=f"{MODULE}:batched_numpy"))
+    p = Problem("1+1=", "2")
+    assert task.score_batch([p, p], ["2", "3"]) == [0.5, 0.5]
+
+
+@pytest.mark.parametrize(
+    ("reward", "weights", "message"),
+    [
+        (["a:b", "nocolon"], None, r"'nocolon' is not module:function"),
+        (["a:b", "c:d"], [1.0], r"reward_weights has 1 weights for 2 reward functions"),
+        (None, [1.0], r"reward_weights has 1 weights for 0 reward functions"),
+        ([], None, r"a list of 1 to 64 reward functions, got 0"),
+    ],
+)
+def test_the_config_checks_reward_lists(reward: Any, weights: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AdditionTaskConfig(reward=reward, reward_weights=weights)
+
+
+def test_a_sampler_calls_a_batched_reward_once_per_generation(tiny_model_dir: Path) -> None:
+    """Real generation: K prompts x G completions are scored in one call, rewards in group order."""
+    from heterorl.policy import Policy, SamplingParams
+    from heterorl.sampler import Sampler
+
+    module = __import__(MODULE)
+    task = make_task(AdditionTaskConfig(digits=1, reward=f"{MODULE}:batched_len"))
+    policy = Policy.load(tiny_model_dir)
+    sampler = Sampler.from_policy("s", policy, task, SamplingParams(), group_size=4, seed=0)
+    sampler.load_weights(0, dict(policy.model.named_parameters()))
+    groups = sampler.generate_groups(3)
+    (call,) = module.CALLS
+    assert len(call["completions"]) == 12
+    assert [float(len(c)) for c in call["completions"]] == [r for g in groups for r in g.rewards_G.tolist()]
+    assert call["prompts"] == [g.prompt for g in groups for _ in range(4)]

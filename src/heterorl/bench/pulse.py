@@ -18,6 +18,12 @@ Reported, all measured in the same run, for "pulse" (format v1, today's codec) a
   state (best of `repeats` calls), the first call in a fresh process is reported too (it pays for page faults);
   a plain copy's GB/s and the load average before and after, to judge a shared machine's figures.
 
+A large size takes minutes (1e9 parameters: 4 GB of bf16 weights, each version encoded and decoded a few times),
+so with `verbose` every phase is announced on stderr with the time so far, the total is printed at the end, and a
+synthetic or noise step of 1e8 parameters or more is preceded by an estimate of the whole run's time: ten times
+that of the same benchmark on a tenth of the size, run first (every phase is linear in the size; the probe costs
+a tenth of the run).
+
 CLI: `python -m heterorl.bench.pulse --params 1e9 --lr 1e-6`, `--step qwen3 --lr 1e-5`, or
 `--base A.safetensors --new B.safetensors`.
 """
@@ -28,6 +34,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -70,6 +77,23 @@ def zstd_full_nbytes(weights: StateDict, level: int = 1) -> int:
 
 # --- measurement
 CODEC_FORMATS = {"pulse": False, "pulse-ctx": True}  # codec name -> encode_patch(context=...)
+ESTIMATE_FROM = 100_000_000  # sizes from here on get an estimate first (smaller ones take a minute or less)
+PROBE_SHARE = 10  # the estimate's probe is this many times smaller than the run
+Phase = Callable[[str], None]
+
+
+def _quiet(name: str) -> None:
+    pass
+
+
+class PhaseLog:
+    """`[  12.3 s] encoding pulse-ctx`: each phase of a long benchmark on stderr, with the time since the start."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+
+    def __call__(self, name: str) -> None:
+        print(f"[{time.perf_counter() - self.start:7.1f} s] {name}", file=sys.stderr, flush=True)
 
 
 def measure(
@@ -81,9 +105,11 @@ def measure(
     verbose: bool = True,
     repeats: int = 3,
     bounds: bool = True,
+    phase: Phase = _quiet,
 ) -> dict:
     """Both patch formats side by side on one (base, new) pair: sizes vs baselines and entropy bounds, encode and
-    checked-decode speed (first call and best of `repeats` steady-state calls), a plain copy's speed.
+    checked-decode speed (first call and best of `repeats` steady-state calls), a plain copy's speed. `phase`
+    hears the name of each phase as it starts.
 
     Top-level keys describe "pulse" (v1, today's codec, unchanged for older callers); `ctx` holds the same keys
     for "pulse-ctx" (v2); `bounds` the entropy bounds in bytes (entropy.bounds).
@@ -92,11 +118,16 @@ def measure(
     model_bytes = 2 * numel  # bf16 bytes, the unit of the GB/s figures
     full_bytes = sum(t.numel() * t.element_size() for t in base.values())
     load_before = os.getloadavg()
-    per_codec = {name: _measure_codec(base, new, ctx, level, workers, repeats) for name, ctx in CODEC_FORMATS.items()}
+    per_codec = {}
+    for name, ctx in CODEC_FORMATS.items():
+        phase(f"{name}: encode and checked decode, {1 + max(1, repeats)} times each")
+        per_codec[name] = _measure_codec(base, new, ctx, level, workers, repeats)
     v1, v2 = per_codec["pulse"], per_codec["pulse-ctx"]
     changed = v1["changed"]
+    phase("baselines: the reference layout and zstd of the full weights")
     reference = reference_layout_nbytes(base, new, level)
     zstd_full = zstd_full_nbytes(base, level)
+    phase("snapshot: encode and checked load")
     snapshot_s, snapshot = _timed(lambda: encode_snapshot(new, level=level, workers=workers))
     load_s, _ = _timed(lambda: load_snapshot(snapshot, workers=workers))
     result: dict[str, Any] = {
@@ -121,6 +152,7 @@ def measure(
         "load_average": [*load_before, *os.getloadavg()],
     }
     if bounds:
+        phase("entropy bounds")
         b = entropy.bounds(base, new)
         result["bounds"] = {
             "independent_bytes": b["independent_bits"] / 8,
@@ -248,11 +280,43 @@ def run_sync_bench(
     repeats: int = 3,
 ) -> dict:
     """One-step benchmark of both codecs on a step of kind `step` (steps.STEPS; module docstring); returns
-    `measure`'s dict plus the inputs."""
+    `measure`'s dict plus the inputs. With `verbose`, progress on stderr (and first an estimate for a size)."""
+    phase: Phase = PhaseLog() if verbose else _quiet
+    sized = step in ("synthetic", "noise")
+    if verbose and sized and num_params >= ESTIMATE_FROM:
+        probe = num_params // PROBE_SHARE
+        phase(f"estimating the time: the same benchmark on {probe:.3g} parameters")
+        probe_s, _ = _timed(
+            lambda: run_sync_bench(
+                probe, change_rate, lr, seed, level=level, workers=workers, verbose=False, step=step, repeats=repeats
+            )
+        )
+        print(
+            f"{num_params:.3g} parameters: about {format_duration(PROBE_SHARE * probe_s)} more ({PROBE_SHARE}x the "
+            f"probe; load average {os.getloadavg()[0]:.1f}), {4 * num_params / 1e9:.1f} GB of bf16 weights in "
+            "memory; --params sets the size",
+            file=sys.stderr,
+            flush=True,
+        )
+    start = time.perf_counter()
+    phase(f"building the {step} step" + (f" ({num_params:.3g} parameters)" if sized else ""))
     base, new = step_pair(step, num_params, lr, change_rate, seed)
-    result = measure(base, new, level=level, workers=workers, verbose=verbose, repeats=repeats)
+    result = measure(base, new, level=level, workers=workers, verbose=False, repeats=repeats, phase=phase)
+    took = format_duration(time.perf_counter() - start)
+    phase(f"done: {f'{num_params:.3g} parameters' if sized else f'the {step} step'} took {took}")
+    if verbose:
+        print(format_result(result))
     lr_used = None if step == "demo" or (step == "synthetic" and change_rate is not None) else lr
     return {"step": step, "lr": lr_used, "requested_change_rate": change_rate, **result}
+
+
+def format_duration(seconds: float) -> str:
+    """`45 s`, `12 min`, `1.5 h`."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def load_checkpoint(source: str | Path | StateDict, dtype: torch.dtype | None = torch.bfloat16) -> StateDict:

@@ -50,10 +50,11 @@ from heterorl.config.objectives import (
 from heterorl.config.run import (
     RunConfig,
     apply_overrides,
+    changed_settings,
     config_to_yaml,
     load_config,
     parse_override,
-    read_yaml_mapping,
+    validate_config,
 )
 from heterorl.config.tasks import (
     MATH_PROMPT_TEMPLATE,
@@ -76,6 +77,7 @@ from heterorl.config.training import (
 )
 from heterorl.config.transport import StoreConfig, TransportConfig, check_store_url
 from heterorl.config.trust import AdversaryConfig, ReputationConfig, TrustConfig, VerifyConfig
+from heterorl.config.yaml_io import load_yaml_text, read_yaml_mapping
 
 __all__ = [
     "AGGREGATION_HELP",
@@ -146,9 +148,12 @@ __all__ = [
     "WeibullDelay",
     "WeightsConfig",
     "apply_overrides",
+    "changed_settings",
     "check_store_url",
     "config_to_yaml",
     "load_config",
+    "load_yaml_text",
     "parse_override",
     "read_yaml_mapping",
+    "validate_config",
 ]

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from heterorl.config.base import Strict
+from heterorl.config.base import MAX_MBPS, MAX_SECONDS, MAX_STEPS, Strict
 from heterorl.config.network import LinkConfig
 
 
@@ -18,7 +18,7 @@ class SamplerNodeConfig(Strict):
         pattern=r"^[A-Za-z0-9._-]{1,128}$",
         description="Identifier (A-Z a-z 0-9 . _ -); defaults to sampler-<index>.",
     )
-    tokens_per_second: float = Field(2000.0, gt=0.0, description="Generation speed (virtual time).")
+    tokens_per_second: float = Field(2000.0, gt=0.0, le=1e9, description="Generation speed (virtual time).")
     start_delay_s: float = Field(
         0.0,
         ge=0.0,
@@ -34,18 +34,30 @@ class ClusterConfig(Strict):
 
     mode: Literal["sync", "async"] = Field("sync", description="sync: samplers always hold the newest weights.")
     samplers: list[SamplerNodeConfig] = Field(
-        default_factory=lambda: [SamplerNodeConfig()], min_length=1, description="Sampler nodes."
+        default_factory=lambda: [SamplerNodeConfig()], min_length=1, max_length=10_000, description="Sampler nodes."
     )
-    learner_step_seconds: float = Field(1.0, ge=0.0, description="Virtual cost of one learner step (s).")
-    learner_seconds_per_token: float = Field(0.0, ge=0.0, description="Extra virtual cost per trained token (s).")
+    learner_step_seconds: float = Field(
+        1.0, ge=0.0, le=MAX_SECONDS, description="Virtual cost of one learner step (s)."
+    )
+    learner_seconds_per_token: float = Field(
+        0.0, ge=0.0, le=3600.0, description="Extra virtual cost per trained token (s)."
+    )
     learner_uplink_mbps: float | None = Field(
-        None, gt=0.0, description="Learner's upload bandwidth shared by all it sends (simulator); None = unlimited."
+        None,
+        gt=0.0,
+        le=MAX_MBPS,
+        description="Learner's upload bandwidth shared by all it sends (simulator); None = unlimited.",
     )
-    max_staleness: int | None = Field(None, ge=0, description="HeteroRL window: drop groups older than this.")
-    eta: int | None = Field(None, ge=0, description="AReaL admission bound on versions ahead; 0 = synchronous.")
+    max_staleness: int | None = Field(
+        None, ge=0, le=MAX_STEPS, description="HeteroRL window: drop groups older than this."
+    )
+    eta: int | None = Field(
+        None, ge=0, le=MAX_STEPS, description="AReaL admission bound on versions ahead; 0 = synchronous."
+    )
     max_queued_steps: int | None = Field(
         4,
         ge=1,
+        le=1_000_000,
         description="Backpressure (async): a sampler starts no new generation while the groups queued at the learner "
         "or being generated would exceed this many learner steps' worth; None = unbounded.",
     )
@@ -104,9 +116,11 @@ class WeightsConfig(Strict):
         "base weights the receiver holds (format 2: ~27% smaller; docs/weight-sync.md).",
     )
     wire_dtype: Literal["bfloat16", "float16", "float32"] = Field("bfloat16", description="Samplers' weight dtype.")
-    snapshot_every: int = Field(10, ge=1, description="Publish a full snapshot every K versions.")
-    max_chain: int = Field(16, ge=1, description="Longest patch chain served before a snapshot is preferred.")
-    retain: int = Field(64, ge=1, description="Versions kept in the store.")
+    snapshot_every: int = Field(10, ge=1, le=MAX_STEPS, description="Publish a full snapshot every K versions.")
+    max_chain: int = Field(
+        16, ge=1, le=1_000_000, description="Longest patch chain served before a snapshot is preferred."
+    )
+    retain: int = Field(64, ge=1, le=1_000_000, description="Versions kept in the store.")
     zstd_level: int = Field(1, ge=-7, le=22, description="zstd level of patch payloads.")
     overlap: bool = Field(True, description="Publish in a worker thread while the next learner step runs.")
     codec_threads: int = Field(

@@ -35,10 +35,10 @@ class VLLMEngineConfig(Strict):
         None, gt=0.0, le=4096.0, description="KV cache size in GiB; None: from gpu_memory_utilization, 1 on CPU."
     )
     max_model_len: int | None = Field(
-        None, ge=8, description="Longest prompt + completion in tokens; None: the model's max positions."
+        None, ge=8, le=2**21, description="Longest prompt + completion in tokens; None: the model's max positions."
     )
     max_num_batched_tokens: int | None = Field(
-        None, ge=8, description="Token budget of one engine step (prefill chunking); None: vLLM's default."
+        None, ge=8, le=2**24, description="Token budget of one engine step (prefill chunking); None: vLLM's default."
     )
     chunks_in_flight: int = Field(
         4,

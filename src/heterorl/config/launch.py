@@ -6,9 +6,9 @@ Ray-launched run is the live cluster with its processes placed by Ray. docs/depl
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from heterorl.config.base import Strict
 
@@ -41,16 +41,13 @@ class ActorResources(Strict):
 
     num_cpus: float = Field(1.0, ge=0.0, le=4096.0, description="CPUs reserved for the actor.")
     num_gpus: float = Field(0.0, ge=0.0, le=64.0, description="GPUs reserved for the actor (fractions allowed).")
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="Custom resources, e.g. {region_eu: 1} for nodes started with them."
+    resources: dict[Annotated[str, Field(min_length=1, max_length=256)], Annotated[float, Field(gt=0.0, le=1e6)]] = (
+        Field(
+            default_factory=dict,
+            max_length=1000,
+            description="Custom resources, e.g. {region_eu: 1} for nodes started with them (amounts in (0, 1e6]).",
+        )
     )
-
-    @model_validator(mode="after")
-    def _positive_custom(self) -> ActorResources:
-        bad = {k: v for k, v in self.resources.items() if not v > 0 or not k}
-        if bad:
-            raise ValueError(f"custom resources need a name and an amount > 0, got {bad}")
-        return self
 
 
 class RayLearnerConfig(Strict):
@@ -69,6 +66,7 @@ class RayConfig(Strict):
     learner: RayLearnerConfig = Field(default_factory=RayLearnerConfig, description="The learner's ranks.")
     samplers: list[ActorResources] = Field(
         default_factory=list,
+        max_length=10_000,
         description="Resources per sampler node: empty = defaults for all, one entry = for all, else one per "
         "entry of cluster.samplers.",
     )

@@ -13,11 +13,12 @@ class LoraConfig(Strict):
     """LoRA adapters (PEFT) trained by the learner instead of the full weights."""
 
     rank: int = Field(8, ge=1, le=1024, description="Adapter rank r.")
-    alpha: float = Field(16.0, gt=0.0, description="Scale numerator: the update is (alpha / r) * B @ A.")
+    alpha: float = Field(16.0, gt=0.0, le=65_536.0, description="Scale numerator: the update is (alpha / r) * B @ A.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter input.")
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
         min_length=1,
+        max_length=1024,
         description="Module names that get adapters.",
     )
     publish: Literal["adapter", "merged"] = Field(
@@ -34,8 +35,8 @@ class ModelConfig(Strict):
     num_layers: int = Field(2, ge=1, le=128, description="Number of transformer blocks.")
     num_heads: int = Field(4, ge=1, le=128, description="Attention heads.")
     num_kv_heads: int = Field(2, ge=1, le=128, description="Key/value heads (grouped-query attention).")
-    intermediate_size: int = Field(256, ge=8, description="MLP hidden width.")
-    max_positions: int = Field(64, ge=8, description="Maximum sequence length (prompt + completion).")
+    intermediate_size: int = Field(256, ge=8, le=131_072, description="MLP hidden width.")
+    max_positions: int = Field(64, ge=8, le=2**21, description="Maximum sequence length (prompt + completion).")
     device: Literal["auto", "cpu", "cuda"] = Field("cpu", description="Where to run; auto picks CUDA if present.")
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Samplers' compute dtype; the learner always keeps fp32 master weights."

@@ -13,18 +13,18 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from heterorl.config.base import Strict
+from heterorl.config.base import MAX_MBPS, MAX_SECONDS, Strict
 
 
 class FixedDelay(Strict):
     kind: Literal["fixed"] = "fixed"
-    seconds: float = Field(0.0, ge=0.0, description="Constant delay.")
+    seconds: float = Field(0.0, ge=0.0, le=MAX_SECONDS, description="Constant delay (s).")
 
 
 class UniformDelay(Strict):
     kind: Literal["uniform"] = "uniform"
-    low: float = Field(..., ge=0.0, description="Smallest delay (s).")
-    high: float = Field(..., ge=0.0, description="Largest delay (s).")
+    low: float = Field(..., ge=0.0, le=MAX_SECONDS, description="Smallest delay (s).")
+    high: float = Field(..., ge=0.0, le=MAX_SECONDS, description="Largest delay (s).")
 
     @model_validator(mode="after")
     def _order(self) -> UniformDelay:
@@ -35,17 +35,21 @@ class UniformDelay(Strict):
 
 class ExponentialDelay(Strict):
     kind: Literal["exponential"] = "exponential"
-    mean: float = Field(..., gt=0.0, description="Mean of the exponential part (s).")
-    offset: float = Field(0.0, ge=0.0, description="Added constant (s).")
+    mean: float = Field(..., gt=0.0, le=MAX_SECONDS, description="Mean of the exponential part (s).")
+    offset: float = Field(0.0, ge=0.0, le=MAX_SECONDS, description="Added constant (s).")
 
 
 class _BandDelay(Strict):
     """A distribution fitted so that [lower, upper] holds `conf` of its mass; samples are shifted and clipped."""
 
-    lower: float = Field(60.0, gt=0.0, description="Lower end of the confidence band and clip floor (s).")
-    upper: float = Field(1920.0, gt=0.0, description="Upper end of the confidence band and clip ceiling (s).")
+    lower: float = Field(
+        60.0, gt=0.0, le=MAX_SECONDS, description="Lower end of the confidence band and clip floor (s)."
+    )
+    upper: float = Field(
+        1920.0, gt=0.0, le=MAX_SECONDS, description="Upper end of the confidence band and clip ceiling (s)."
+    )
     conf: float = Field(0.995, gt=0.0, lt=1.0, description="Probability mass inside [lower, upper].")
-    offset: float = Field(0.0, ge=0.0, description="Subtracted from each sample before clipping (s).")
+    offset: float = Field(0.0, ge=0.0, le=MAX_SECONDS, description="Subtracted from each sample before clipping (s).")
 
     @model_validator(mode="after")
     def _order(self) -> _BandDelay:
@@ -66,14 +70,17 @@ class EmpiricalDelay(Strict):
     """A measured distribution: raw samples or a few quantiles, drawn by inverse CDF with linear interpolation."""
 
     kind: Literal["empirical"] = "empirical"
-    samples: list[Annotated[float, Field(ge=0.0)]] | None = Field(
+    samples: list[Annotated[float, Field(ge=0.0, le=MAX_SECONDS)]] | None = Field(
         None, min_length=1, max_length=1_000_000, description="Measured delays (s), any order."
     )
-    quantiles: dict[Annotated[float, Field(ge=0.0, le=1.0)], Annotated[float, Field(ge=0.0)]] | None = Field(
-        None,
-        min_length=1,
-        description="Probability -> delay (s), e.g. {0.5: 0.08, 0.99: 0.4}; mass beyond the outermost given "
-        "probabilities sits at their delays.",
+    quantiles: dict[Annotated[float, Field(ge=0.0, le=1.0)], Annotated[float, Field(ge=0.0, le=MAX_SECONDS)]] | None = (
+        Field(
+            None,
+            min_length=1,
+            max_length=10_000,
+            description="Probability -> delay (s), e.g. {0.5: 0.08, 0.99: 0.4}; mass beyond the outermost given "
+            "probabilities sits at their delays.",
+        )
     )
 
     @model_validator(mode="after")
@@ -101,7 +108,7 @@ class FaultConfig(Strict):
     drop: float = Field(0.0, ge=0.0, le=1.0, description="Message lost.")
     duplicate: float = Field(0.0, ge=0.0, le=1.0, description="Message delivered twice.")
     reorder: float = Field(0.0, ge=0.0, le=1.0, description="Message held back by `reorder_seconds`.")
-    reorder_seconds: float = Field(30.0, ge=0.0, description="Extra delay of a reordered message.")
+    reorder_seconds: float = Field(30.0, ge=0.0, le=MAX_SECONDS, description="Extra delay of a reordered message.")
     corrupt: float = Field(0.0, ge=0.0, le=1.0, description="One byte of the payload flipped.")
     packet_loss: float = Field(
         0.0, ge=0.0, le=0.5, description="Packet lost (WAN lab; `tcp` transfer model: retransmissions)."
@@ -115,8 +122,10 @@ class FaultConfig(Strict):
 class Outage(Strict):
     """The link is down (both directions: everything sent or arriving is lost) from `start` to `end`."""
 
-    start: float = Field(..., ge=0.0, description="Seconds from the run's start (lab: from the lab's start).")
-    end: float = Field(..., gt=0.0, description="Seconds from the run's start when the link is back.")
+    start: float = Field(
+        ..., ge=0.0, le=MAX_SECONDS, description="Seconds from the run's start (lab: from the lab's start)."
+    )
+    end: float = Field(..., gt=0.0, le=MAX_SECONDS, description="Seconds from the run's start when the link is back.")
 
     @model_validator(mode="after")
     def _order(self) -> Outage:
@@ -161,12 +170,14 @@ class LinkConfig(Strict):
 
     weights_delay: DelayConfig = Field(default_factory=FixedDelay, description="Learner -> sampler delay model.")
     rollout_delay: DelayConfig = Field(default_factory=FixedDelay, description="Sampler -> learner delay model.")
-    bandwidth_mbps: float | None = Field(None, gt=0.0, description="Megabits per second; None = unlimited.")
+    bandwidth_mbps: float | None = Field(
+        None, gt=0.0, le=MAX_MBPS, description="Megabits per second; None = unlimited."
+    )
     weights_bandwidth_mbps: float | None = Field(
-        None, gt=0.0, description="Learner -> sampler rate (Mbit/s); None = `bandwidth_mbps`."
+        None, gt=0.0, le=MAX_MBPS, description="Learner -> sampler rate (Mbit/s); None = `bandwidth_mbps`."
     )
     rollout_bandwidth_mbps: float | None = Field(
-        None, gt=0.0, description="Sampler -> learner rate (Mbit/s); None = `bandwidth_mbps`."
+        None, gt=0.0, le=MAX_MBPS, description="Sampler -> learner rate (Mbit/s); None = `bandwidth_mbps`."
     )
     queue_packets: int = Field(
         1000, ge=2, le=1_000_000, description="Bottleneck buffer of each direction (packets; lab and `tcp` model)."
@@ -182,6 +193,7 @@ class LinkConfig(Strict):
     trace: str | None = Field(
         None,
         min_length=1,
+        max_length=4096,
         description="A trace file (.jsonl or .csv) replayed over time: delays, rates, loss and cuts it gives "
         "replace the fields above (docs/wan-lab.md).",
     )

@@ -74,6 +74,7 @@ class CappedObjective(ObjectiveOptions):
     cap_low: float | None = Field(
         None,
         ge=0.0,
+        le=1e6,
         description="mask only: lower bound of the behaviour weight; None = 1 / cap, 0 = no lower bound.",
     )
     cap_level: CapLevel = Field("token", description=CAP_LEVEL_HELP)
@@ -99,7 +100,7 @@ class GRPOConfig(CappedObjective):
 
     name: Literal["grpo"] = "grpo"
     eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range: ratio >= 1 - eps_low.")
-    eps_high: float = Field(0.2, ge=0.0, description="Upper clip range: ratio <= 1 + eps_high.")
+    eps_high: float = Field(0.2, ge=0.0, le=100.0, description="Upper clip range: ratio <= 1 + eps_high.")
     dual_clip: float | None = Field(
         None,
         gt=1.0,
@@ -116,7 +117,7 @@ class GSPOConfig(CappedObjective):
 
     name: Literal["gspo"] = "gspo"
     eps_low: float = Field(3e-4, ge=0.0, le=1.0, description="Lower clip range of the sequence ratio.")
-    eps_high: float = Field(4e-4, ge=0.0, description="Upper clip range of the sequence ratio.")
+    eps_high: float = Field(4e-4, ge=0.0, le=1.0, description="Upper clip range of the sequence ratio.")
     normalize_advantages: bool = Field(True, description="Divide group-centred advantages by the group std.")
 
 
@@ -132,8 +133,10 @@ class GEPOConfig(CappedObjective):
         description="Defensive mixture: denominator (1-lam) E_q[q] + lam sg(p_i); 1 -> plain PG.",
     )
     switch: bool = Field(False, description="gepo+: use q_i as denominator for sequences whose KL < switch_kappa.")
-    switch_kappa: float = Field(0.002, ge=0.0, description="KL threshold of the gepo+ switch.")
-    kl_beta: float = Field(0.0, ge=0.0, description="Weight of the learner–sampler KL penalty (paper: 0.005).")
+    switch_kappa: float = Field(0.002, ge=0.0, le=100.0, description="KL threshold of the gepo+ switch.")
+    kl_beta: float = Field(
+        0.0, ge=0.0, le=100.0, description="Weight of the learner–sampler KL penalty (paper: 0.005)."
+    )
     normalize_advantages: bool = Field(False, description="GEPO centres advantages without dividing by the std.")
 
 
@@ -141,8 +144,8 @@ class DGConfig(ObjectiveOptions):
     """Delightful PG: gate each token by sigmoid((A * surprisal - lam) / eta); no behaviour log-probs."""
 
     name: Literal["dg"] = "dg"
-    eta: float = Field(1.0, ge=0.0, description="Gate temperature; 0 gives the hard gate 1[chi > lam].")
-    lam: float = Field(0.0, description="Gate threshold on delight chi = A * surprisal.")
+    eta: float = Field(1.0, ge=0.0, le=1e6, description="Gate temperature; 0 gives the hard gate 1[chi > lam].")
+    lam: float = Field(0.0, ge=-1e6, le=1e6, description="Gate threshold on delight chi = A * surprisal.")
     aggregation: Aggregation = Field("seq_mean_token_mean", description=AGGREGATION_HELP)
     normalize_advantages: bool = Field(False, description="DG uses reward minus the group mean.")
 
@@ -152,13 +155,16 @@ class DecoupledPPOConfig(CappedObjective):
 
     name: Literal["decoupled_ppo"] = "decoupled_ppo"
     eps: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range (and upper unless eps_high is set).")
-    eps_high: float | None = Field(None, ge=0.0, description="Upper clip range; None uses eps.")
+    eps_high: float | None = Field(None, ge=0.0, le=100.0, description="Upper clip range; None uses eps.")
     cap: float = Field(5.0, gt=0.0, le=1e6, description="Behaviour importance weight cap.")
     cap_mode: Literal["mask", "clamp"] = Field(  # type: ignore[assignment]
         "mask", description="mask: drop elements whose weight is outside [cap_low, cap]; clamp: truncate at cap."
     )
     cap_low: float | None = Field(
-        0.0, ge=0.0, description="mask only: lower bound of the behaviour weight; 0 = none (AReaL), None = 1 / cap."
+        0.0,
+        ge=0.0,
+        le=1e6,
+        description="mask only: lower bound of the behaviour weight; 0 = none (AReaL), None = 1 / cap.",
     )
     dual_clip: float | None = Field(
         None,
@@ -195,7 +201,7 @@ class ISPGConfig(ObjectiveOptions):
     """Importance-weighted PG with the exact sequence ratio, truncated."""
 
     name: Literal["is_pg"] = "is_pg"
-    truncate: float = Field(10.0, gt=0.0, description="Upper bound of the sequence importance weight.")
+    truncate: float = Field(10.0, gt=0.0, le=1e6, description="Upper bound of the sequence importance weight.")
     aggregation: Aggregation = Field("seq_mean_token_mean", description=AGGREGATION_HELP)
     normalize_advantages: bool = Field(False, description="Divide group-centred advantages by the group std.")
 

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from heterorl.config.base import ConfigError, Strict
+from heterorl.config.base import MAX_SEED, ConfigError, Strict
 from heterorl.config.cluster import ClusterConfig, LiveConfig, WeightsConfig
 from heterorl.config.launch import ParallelConfig, RayConfig
 from heterorl.config.model import ModelConfig
@@ -29,12 +29,13 @@ from heterorl.config.training import (
 )
 from heterorl.config.transport import TransportConfig
 from heterorl.config.trust import AdversaryConfig, TrustConfig
+from heterorl.config.yaml_io import load_yaml_text, read_yaml_mapping
 
 
 class RunConfig(Strict):
     """Everything a run needs; written, resolved, into the run directory."""
 
-    seed: int = Field(0, ge=0, description="Seed of every random stream in the run.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of every random stream in the run.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(default_factory=AdditionTaskConfig)
     pretrain: PretrainConfig = Field(default_factory=PretrainConfig)
@@ -169,8 +170,11 @@ def _location(e: Any) -> str:
 
 
 def _format_error(err: ValidationError) -> str:
-    lines = [f"  {_location(e)}: {_message(e)}" for e in err.errors()]
-    return "invalid config:\n" + "\n".join(lines)
+    """`invalid config: loc: message` for one error (the usual case); one indented line per error for several."""
+    lines = [f"{_location(e)}: {_message(e).removeprefix('Value error, ')}" for e in err.errors()]
+    if len(lines) == 1:
+        return f"invalid config: {lines[0]}"
+    return "invalid config:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
@@ -180,10 +184,7 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     key, raw = item.split("=", 1)
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r} has an empty key")
-    try:
-        value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from exc
+    value = load_yaml_text(raw, f"override {item!r}") if raw != "" else ""
     return key.split("."), value
 
 
@@ -211,34 +212,16 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
-def read_yaml_mapping(path: str | Path, error: type[ValueError] = ConfigError) -> dict[str, Any]:
-    """A YAML file whose top level is a mapping (an empty file gives {}); `error` names the file and the problem."""
-    p = Path(path)
-    if not p.is_file():
-        raise error(f"file not found: {p}")
-    try:
-        loaded = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise error(f"{p}: not UTF-8 text (byte {exc.start} is {exc.object[exc.start : exc.start + 1]!r})") from None
-    except yaml.YAMLError as exc:
-        raise error(f"{p}: not valid YAML ({exc})") from None
-    if loaded is not None and not isinstance(loaded, dict):
-        raise error(f"{p}: the top level must be a mapping")
-    return loaded or {}
-
-
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply `--set` overrides, validate; errors name the field."""
     data: dict[str, Any] = {}
     if path is not None:
-        loaded = read_yaml_mapping(path)
-        # a JSON round trip gives every YAML alias (&anchor / *ref) its own copy, so an override of one
-        # list item never silently changes the items that shared the anchor
-        try:
-            data = json.loads(json.dumps(loaded))
-        except (ValueError, RecursionError):  # "Circular reference detected", or nested past Python's stack
-            raise ConfigError(f"{path}: a YAML alias refers to the node that contains it (or nests too deep)") from None
-    data = apply_overrides(data, overrides or [])
+        data = read_yaml_mapping(path)  # aliases expanded under a bound, each its own copy
+    return validate_config(apply_overrides(data, overrides or []))
+
+
+def validate_config(data: dict[str, Any]) -> RunConfig:
+    """A RunConfig from raw data (parsed YAML, a dict); errors name the field."""
     try:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
@@ -248,3 +231,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def config_to_yaml(cfg: BaseModel) -> str:
     """The resolved config as YAML (round-trips through `load_config`)."""
     return yaml.safe_dump(json.loads(cfg.model_dump_json()), sort_keys=False)
+
+
+def changed_settings(before: RunConfig, after: RunConfig, ignore: tuple[str, ...] = ("live",)) -> list[str]:
+    """The settings that differ between two configs, as `dotted.key (old -> new)`, sorted, sections in `ignore`
+    left out: what a refused `--resume` names."""
+    old, new = _flat(before.model_dump(mode="json")), _flat(after.model_dump(mode="json"))
+    keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k) and k.split(".")[0] not in ignore)
+    return [f"{k} ({_short(old.get(k))} -> {_short(new.get(k))})" for k in keys]
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as dotted keys (lists stay whole values)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -2,24 +2,60 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, field_validator, model_validator
 
-from heterorl.config.base import Strict
+from heterorl.config.base import MAX_SEED, Strict
 
 REWARD_HELP = (
-    "Custom reward 'module:function' replacing the task's verifier as training reward; called as "
-    "f(prompt, completion, answer, **info) -> float. None uses the verifier."
+    "Custom reward 'module:function', or a list of them, replacing the task's verifier as training reward: "
+    "f(prompt, completion, answer, **info) -> float per completion, or TRL's batched "
+    "f(prompts, completions, **kwargs) -> list[float] (a function with a `completions` parameter). None uses the "
+    "verifier (held-out evaluation always does)."
 )
 REWARD_PATTERN = r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$"  # module.path:function
+MAX_REWARD_FUNCTIONS = 64
 MATH_PROMPT_TEMPLATE = "{problem}\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 
 
 class _TaskBase(Strict):
     eval_size: int = Field(256, ge=1, le=100_000, description="Held-out prompts for greedy evaluation.")
     chat_template: bool = Field(False, description="Wrap each prompt as a user turn with the tokenizer's template.")
-    reward: str | None = Field(None, pattern=REWARD_PATTERN, description=REWARD_HELP)
+    reward: str | list[str] | None = Field(None, description=REWARD_HELP)
+    reward_weights: list[Annotated[float, Field(ge=-1e6, le=1e6)]] | None = Field(
+        None,
+        description="Weight w_i of each function of `reward` (training reward sum_i w_i r_i); None: 1 each.",
+    )
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _reward_paths(cls, value: Any) -> Any:
+        """One message for a wrong reward, whichever form (a path or a list of paths) was meant."""
+        if value is None:
+            return None
+        items = value if isinstance(value, list) else [value]
+        if not 1 <= len(items) <= MAX_REWARD_FUNCTIONS:
+            raise ValueError(f"a list of 1 to {MAX_REWARD_FUNCTIONS} reward functions, got {len(items)}")
+        for item in items:
+            if not isinstance(item, str) or not re.match(REWARD_PATTERN, item):
+                raise ValueError(f"{item!r} is not module:function (or a list of them)")
+        return value
+
+    @model_validator(mode="after")
+    def _reward_functions(self) -> _TaskBase:
+        specs = self.reward_specs
+        if self.reward_weights is not None and len(self.reward_weights) != len(specs):
+            raise ValueError(f"reward_weights has {len(self.reward_weights)} weights for {len(specs)} reward functions")
+        return self
+
+    @property
+    def reward_specs(self) -> list[str]:
+        """The reward functions as a list (empty: the verifier is the reward)."""
+        if self.reward is None:
+            return []
+        return [self.reward] if isinstance(self.reward, str) else list(self.reward)
 
 
 class AdditionTaskConfig(_TaskBase):
@@ -87,7 +123,7 @@ class MathSourceConfig(_MathSource):
     name: str | None = Field(
         None, pattern=r"^[A-Za-z0-9_.-]+$", description="Name in per-source metrics; default: from the path."
     )
-    weight: float = Field(1.0, gt=0.0, description="Relative share of training draws from this source.")
+    weight: float = Field(1.0, gt=0.0, le=1e6, description="Relative share of training draws from this source.")
 
 
 class MathTaskConfig(_TaskBase, _MathSource):
@@ -101,7 +137,9 @@ class MathTaskConfig(_TaskBase, _MathSource):
         description="A .jsonl/.json/.parquet/.csv file, a `datasets` save_to_disk directory, or hf:<repo id>.",
     )
     sources: list[MathSourceConfig] = Field(
-        default_factory=list, description="A mixture of sources (instead of `path`), each with its own weight."
+        default_factory=list,
+        max_length=1000,
+        description="A mixture of sources (instead of `path`), each with its own weight.",
     )
     prompt_template: str = Field(
         MATH_PROMPT_TEMPLATE, description="Prompt text; `{problem}` is replaced, other braces are literal."
@@ -147,7 +185,7 @@ class GymTaskConfig(_TaskBase):
         default_factory=dict, description="Options of that dataset's config (e.g. min_terms, max_terms)."
     )
     size: int = Field(1000, ge=2, le=10_000_000, description="Entries generated (training + held-out).")
-    seed: int = Field(0, ge=0, description="Seed of the generated entries (fixed data, not the run seed).")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Seed of the generated entries (fixed data, not the run seed).")
     eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of entries held out, by prompt hash.")
     prompt_template: str = Field("{question}", description="Prompt text; `{question}` is replaced by the question.")
     answer_tag: str | None = Field(
@@ -167,6 +205,21 @@ class GymTaskConfig(_TaskBase):
         return self
 
 
+DEFAULT_TASK = "addition"  # RunConfig's default task
+
+
+def _task_name(value: Any) -> str | None:
+    """The discriminator: the `name` of a config or raw mapping; a mapping without one (`--set task.eval_size=...`
+    on a config that names no task, or a dict from code) means the default task."""
+    if isinstance(value, dict):
+        return value.get("name", DEFAULT_TASK)
+    return getattr(value, "name", None)
+
+
 TaskConfig = Annotated[
-    AdditionTaskConfig | ReversalTaskConfig | MathTaskConfig | GymTaskConfig, Field(discriminator="name")
+    Annotated[AdditionTaskConfig, Tag("addition")]
+    | Annotated[ReversalTaskConfig, Tag("reversal")]
+    | Annotated[MathTaskConfig, Tag("math")]
+    | Annotated[GymTaskConfig, Tag("gym")],
+    Discriminator(_task_name),
 ]

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from heterorl.config.base import Strict
+from heterorl.config.base import MAX_SEED, MAX_STEPS, Strict
 from heterorl.config.engines import EngineConfig, TransformersEngineConfig
 
 
@@ -19,7 +19,7 @@ class FrictionConfig(Strict):
     reward_corruption: float = Field(
         0.0, ge=0.0, le=1.0, description="Probability a reward is replaced by a uniform draw from {0, 1}."
     )
-    logit_noise: float = Field(0.0, ge=0.0, description="Std of Gaussian noise on the sampler's logits.")
+    logit_noise: float = Field(0.0, ge=0.0, le=100.0, description="Std of Gaussian noise on the sampler's logits.")
 
 
 class SamplerConfig(Strict):
@@ -27,7 +27,7 @@ class SamplerConfig(Strict):
 
     group_size: int = Field(8, ge=2, le=1024, description="G: completions per prompt.")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Softmax temperature.")
-    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
+    top_k: int = Field(0, ge=0, le=2**24, description="Keep the k most likely tokens; 0 disables.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 disables.")
     max_new_tokens: int = Field(16, ge=1, le=4096, description="Completion length limit.")
     interruptible: bool = Field(False, description="AReaL: weights arriving mid-generation apply to later tokens.")
@@ -40,9 +40,13 @@ class SamplerConfig(Strict):
 class LearnerConfig(Strict):
     """Optimizer and batch shape of the learner (fp32 master weights, AdamW)."""
 
-    steps: int = Field(100, ge=1, description="Learner steps (batches) to run; one weight version per step.")
-    groups_per_step: int = Field(16, ge=1, description="Rollout groups (prompts) per learner step.")
-    updates_per_batch: int = Field(1, ge=1, description="Optimizer steps per batch (minibatches of the batch).")
+    steps: int = Field(
+        100, ge=1, le=MAX_STEPS, description="Learner steps (batches) to run; one weight version per step."
+    )
+    groups_per_step: int = Field(16, ge=1, le=1_000_000, description="Rollout groups (prompts) per learner step.")
+    updates_per_batch: int = Field(
+        1, ge=1, le=1_000_000, description="Optimizer steps per batch (minibatches of the batch)."
+    )
     dynamic_sampling: bool = Field(
         False,
         description="DAPO's dynamic sampling: a group whose rewards are all equal (no advantage, no gradient) is "
@@ -51,6 +55,7 @@ class LearnerConfig(Strict):
     micro_batch_tokens: int | None = Field(
         None,
         ge=1,
+        le=2**32,
         description="Dynamic batching: accumulate over micro-batches of whole groups under this many tokens.",
     )
     share_prompt: bool = Field(
@@ -63,12 +68,12 @@ class LearnerConfig(Strict):
     autocast_bf16: bool = Field(False, description="Run the learner's forward pass under bf16 autocast (GPU).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     lr: float = Field(1e-4, gt=0.0, le=1.0, description="Peak learning rate.")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay.")
+    weight_decay: float = Field(0.0, ge=0.0, le=100.0, description="AdamW decoupled weight decay.")
     beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1.")
     beta2: float = Field(0.99, ge=0.0, lt=1.0, description="AdamW beta2.")
-    adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon.")
-    grad_clip: float = Field(1.0, gt=0.0, description="Global gradient-norm clip.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up, in optimizer steps.")
+    adam_eps: float = Field(1e-8, gt=0.0, le=1.0, description="AdamW epsilon.")
+    grad_clip: float = Field(1.0, gt=0.0, le=1e9, description="Global gradient-norm clip.")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="Linear warm-up, in optimizer steps.")
     schedule: Literal["constant", "cosine", "linear"] = Field("constant", description="Decay after warm-up.")
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0, description="Final lr / peak lr for cosine and linear.")
     min_behavior_logprob: float = Field(
@@ -78,8 +83,12 @@ class LearnerConfig(Strict):
         description="Groups with a sampled token's log-prob below this are refused (bad_logprobs). Default: "
         "log(2^-150), below which a float32 probability is 0, so no sampler can have drawn the token.",
     )
-    min_reward: float = Field(-1e4, ge=-1e30, description="Groups with a reward below this are refused (bad_rewards).")
-    max_reward: float = Field(1e4, le=1e30, description="Groups with a reward above this are refused (bad_rewards).")
+    min_reward: float = Field(
+        -1e4, ge=-1e30, le=1e30, description="Groups with a reward below this are refused (bad_rewards)."
+    )
+    max_reward: float = Field(
+        1e4, ge=-1e30, le=1e30, description="Groups with a reward above this are refused (bad_rewards)."
+    )
     max_skipped_steps: int = Field(
         10,
         ge=1,
@@ -111,21 +120,24 @@ class LearnerConfig(Strict):
 class PretrainConfig(Strict):
     """Supervised warm start that yields a partly competent base model for RL."""
 
-    max_steps: int = Field(2000, ge=1, description="Upper bound on supervised steps.")
-    batch_size: int = Field(64, ge=1, description="Examples per supervised step.")
-    lr: float = Field(3e-3, gt=0.0, description="AdamW learning rate.")
-    warmup_steps: int = Field(100, ge=0, description="Linear learning-rate warm-up (stabilises the first steps).")
+    max_steps: int = Field(2000, ge=1, le=MAX_STEPS, description="Upper bound on supervised steps.")
+    batch_size: int = Field(64, ge=1, le=1_000_000, description="Examples per supervised step.")
+    lr: float = Field(3e-3, gt=0.0, le=1.0, description="AdamW learning rate.")
+    warmup_steps: int = Field(
+        100, ge=0, le=MAX_STEPS, description="Linear learning-rate warm-up (stabilises the first steps)."
+    )
     target_accuracy: float = Field(
         0.45,
         gt=0.0,
         le=1.0,
         description="Stop once held-out greedy accuracy reaches this (a partly competent base).",
     )
-    eval_every: int = Field(25, ge=1, description="Steps between accuracy checks.")
-    eval_size: int = Field(128, ge=1, description="Held-out prompts for the accuracy checks.")
+    eval_every: int = Field(25, ge=1, le=MAX_STEPS, description="Steps between accuracy checks.")
+    eval_size: int = Field(128, ge=1, le=100_000, description="Held-out prompts for the accuracy checks.")
     seed: int | None = Field(
         None,
         ge=0,
+        le=MAX_SEED,
         description="Seed of the warm start (initialisation and data); None: the run's seed. Fix it to share one "
         "base model across the seeds of a sweep, so that the seed varies only the RL run.",
     )
@@ -135,7 +147,7 @@ class EvalConfig(Strict):
     """Held-out evaluation: greedy accuracy always; with `samples` = k > 0 also pass@k and maj@k over completions
     sampled at the sampler's temperature / top-k / top-p (heterorl.evaluate)."""
 
-    every: int = Field(20, ge=1, description="Learner steps between held-out evaluations.")
+    every: int = Field(20, ge=1, le=MAX_STEPS, description="Learner steps between held-out evaluations.")
     samples: int = Field(0, ge=0, le=1024, description="k of pass@k and maj@k (sampled completions); 0: greedy only.")
     samples_drawn: int | None = Field(
         None, ge=1, le=4096, description="n >= k completions drawn per prompt for the unbiased pass@k; default k."
@@ -159,7 +171,9 @@ class CheckpointConfig(Strict):
     """Model checkpoints during a run (transformers directories under <run_dir>/checkpoints/); the final weights
     always go to <run_dir>/checkpoint/."""
 
-    every: int | None = Field(None, ge=1, description="Write checkpoints/step-N every N learner steps; None: never.")
+    every: int | None = Field(
+        None, ge=1, le=MAX_STEPS, description="Write checkpoints/step-N every N learner steps; None: never."
+    )
     keep_last: int = Field(2, ge=1, le=1_000_000, description="How many periodic checkpoints to keep (newest).")
     keep_best: bool = Field(
         True, description="Keep checkpoints/best: the weights of the best held-out accuracy so far (best.json says)."

@@ -7,14 +7,17 @@ watches and restarts processes. A sampler actor that dies is restarted by Ray (`
 is called again; every death is counted in summary.json (`ray.sampler_restarts`). Any learner rank dying ends the
 run (the learner's durable state lets `heterorl learner --resume` continue it).
 
-Rank 0's URL and progress reach the driver through a small `Board` actor, because on a cluster the run directory
-lives on the learner's node, not the driver's.
+Rank 0's URL and metrics records reach the driver through a small `Board` actor, because on a cluster the run
+directory lives on the learner's node, not the driver's. The driver advances its progress bar from the records and
+hands each to the Trainer's callbacks, which run in the driver's process; a callback's `stop()` goes back through
+the board, and rank 0 finishes after the step it is on (SIGUSR1, as under `run --live`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -22,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from heterorl.config import ActorResources, RunConfig
-from heterorl.console import progress_bar
+from heterorl.console import Bar, progress_bar
 from heterorl.launch.errors import LaunchError
 from heterorl.launch.torchrun import free_port
 from heterorl.live.preflight import check_live_config
 from heterorl.run.build import node_name
+from heterorl.run.recorder import Observer
 from heterorl.transport.http.auth import configured_token, new_token
 
 POLL_S = 0.5
@@ -43,11 +47,13 @@ def _ray() -> Any:
 
 # ---------------------------------------------------------------- actors (plain classes, made remote at launch)
 class Board:
-    """What the learner tells the driver: its URL once it listens, and the last step it recorded."""
+    """What the learner and the driver tell each other: the learner's URL once it listens, the metrics records it
+    wrote (until the driver takes them), and whether a callback asked the run to finish."""
 
     def __init__(self) -> None:
         self.url: str | None = None
-        self.step = 0
+        self.records: list[dict[str, Any]] = []
+        self.finish = False
 
     def set_url(self, url: str) -> None:
         self.url = url
@@ -55,18 +61,30 @@ class Board:
     def get_url(self) -> str | None:
         return self.url
 
-    def set_step(self, step: int) -> None:
-        self.step = step
+    def add_records(self, records: list[dict[str, Any]]) -> None:
+        self.records.extend(records)
 
-    def get_step(self) -> int:
-        return self.step
+    def take_records(self) -> list[dict[str, Any]]:
+        taken, self.records = self.records, []
+        return taken
+
+    def request_finish(self) -> None:
+        self.finish = True
+
+    def finish_requested(self) -> bool:
+        return self.finish
 
 
 def _watch(run_dir: Path, board: Any, stop: threading.Event) -> None:
-    """Rank 0's side thread: report the URL from live/learner.json and the newest step from metrics.jsonl."""
+    """Rank 0's side thread: report the URL from live/learner.json and each complete record of metrics.jsonl;
+    finish the run (SIGUSR1 to this process, the learner's own handler) once the driver asks. After `stop` it
+    reads once more and waits until the board holds the last records (the final evaluation)."""
+    import ray
+
     address, metrics = run_dir / "live" / "learner.json", run_dir / "metrics.jsonl"
-    sent_url, offset, step = None, 0, 0
-    while not stop.wait(POLL_S):
+    sent_url, offset, told, stopping = None, 0, False, False
+    while not stopping:
+        stopping = stop.wait(POLL_S)
         if sent_url is None and address.is_file():
             info = json.loads(address.read_text())
             if info.get("pid") == os.getpid():
@@ -78,10 +96,13 @@ def _watch(run_dir: Path, board: Any, stop: threading.Event) -> None:
                 data = f.read()
             complete = data[: data.rfind(b"\n") + 1]
             offset += len(complete)
-            steps = [json.loads(line)["step"] for line in complete.splitlines() if b'"kind": "train"' in line]
-            if steps and steps[-1] != step:
-                step = steps[-1]
-                board.set_step.remote(step)
+            if complete:
+                added = board.add_records.remote([json.loads(line) for line in complete.splitlines()])
+                if stopping:
+                    ray.get(added)
+        if sent_url is not None and not told and ray.get(board.finish_requested.remote()):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            told = True
 
 
 class LearnerRank:
@@ -105,12 +126,15 @@ class LearnerRank:
         os.environ.update(env)
         cfg = RunConfig.model_validate(cfg_data)
         stop = threading.Event()
+        watch = threading.Thread(target=_watch, args=(Path(run_dir), board, stop), daemon=True)
         if rank == 0:
-            threading.Thread(target=_watch, args=(Path(run_dir), board, stop), daemon=True).start()
+            watch.start()
         try:
             return run_as_rank(cfg, lambda: serve_learner(cfg, listen, run_dir, show_progress=False))
         finally:
             stop.set()
+            if watch.is_alive():
+                watch.join()  # the last records reach the board before the driver sees this call return
 
 
 class SamplerActor:
@@ -205,7 +229,7 @@ class RayRun:
         cfg_data = self.cfg.model_dump(mode="json")
         return self.samplers[index].run.remote(cfg_data, index, self.board, self.cfg.ray.startup_timeout_s)
 
-    def run(self, show_progress: bool) -> dict[str, Any]:
+    def run(self, show_progress: bool, observer: Observer | None = None) -> dict[str, Any]:
         ray, cfg = self.ray, self.cfg
         node, port = ray.get(self.ranks[0].address.remote(), timeout=cfg.ray.startup_timeout_s)
         host = self.host or node
@@ -222,8 +246,9 @@ class RayRun:
             learner_refs.append(actor.run.remote(cfg_data, rank, env, listen, str(self.run_dir), self.board))
         pending: dict[Any, int] = {self._sampler_run(i): i for i in range(len(self.samplers))}
         summary: dict[str, Any] | None = None
+        if observer is not None:
+            observer.started()
         with progress_bar("RL", total=cfg.learner.steps, enabled=show_progress) as bar:
-            shown = 0
             while summary is None:
                 ready, _ = ray.wait([learner_refs[0], *pending], num_returns=1, timeout=POLL_S)
                 for ref in ready:
@@ -231,10 +256,19 @@ class RayRun:
                         summary = self._learner_result(learner_refs)
                     else:
                         self._sampler_done(ref, pending)
-                step = ray.get(self.board.get_step.remote())
-                bar.advance(step - shown)
-                shown = step
+                self._follow(bar, observer)
+            self._follow(bar, observer)  # what rank 0 wrote last (its final evaluation)
         return summary
+
+    def _follow(self, bar: Bar, observer: Observer | None) -> None:
+        """The records rank 0 wrote since the last call: the bar advances, the observer sees each in order."""
+        for record in self.ray.get(self.board.take_records.remote()):
+            if record.get("kind") == "train":
+                bar.advance(1)
+            if observer is not None:
+                observer.observe(record)
+        if observer is not None and observer.stop_requested:
+            self.board.request_finish.remote()
 
     def _learner_result(self, refs: list[Any]) -> dict[str, Any]:
         try:
@@ -281,9 +315,16 @@ class RayRun:
             self.ray.kill(actor, no_restart=True)
 
 
-def run_ray(cfg: RunConfig, run_dir: str | Path, address: str | None = None, show_progress: bool = True) -> dict:
+def run_ray(
+    cfg: RunConfig,
+    run_dir: str | Path,
+    address: str | None = None,
+    show_progress: bool = True,
+    observer: Observer | None = None,
+) -> dict:
     """Run `cfg` as Ray actors (on the Ray at `address`, the one this process already joined, or a new local one)
-    into `run_dir` (on the learner's node); returns the summary with `ray.sampler_restarts` added."""
+    into `run_dir` (on the learner's node); returns the summary with `ray.sampler_restarts` added. `observer`
+    (the Trainer) sees every record in this process and may ask the run to finish early."""
     ray = _ray()
     check_live_config(cfg)
     wall_start = time.monotonic()
@@ -302,7 +343,7 @@ def run_ray(cfg: RunConfig, run_dir: str | Path, address: str | None = None, sho
     launched = None
     try:
         launched = RayRun(ray, cfg, run_dir, token, _listen_host(ray, cfg, started_here and address is None))
-        summary = launched.run(show_progress)
+        summary = launched.run(show_progress, observer)
     finally:
         if launched is not None:
             launched.close()

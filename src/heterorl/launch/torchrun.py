@@ -7,9 +7,13 @@ for each process; `heterorl.parallel.distributed.start` reads them. For several 
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import socket
 import sys
+import tempfile
+from pathlib import Path
 
 from heterorl.launch.errors import LaunchError
 
@@ -35,8 +39,13 @@ def strip_nproc(args: list[str]) -> list[str]:
     return out
 
 
-def torchrun_argv(nproc: int, args: list[str], port: int) -> list[str]:
-    """`python -m torch.distributed.run ... -m heterorl.cli ARGS`, one node, rendezvous on 127.0.0.1:`port`."""
+def torchrun_argv(nproc: int, args: list[str], port: int, log_dir: str | None = None) -> list[str]:
+    """`python -m torch.distributed.run ... -m heterorl.cli ARGS`, one node, rendezvous on 127.0.0.1:`port`.
+
+    With `log_dir`, what the follower ranks print goes to files there (`<log_dir>/<run id>/attempt_0/<rank>/`)
+    instead of the console: rank 0 speaks for the run (progress, summary, errors), and a follower's only words
+    are usually its reaction to rank 0 ending first."""
+    quiet = [f"--log-dir={log_dir}", "--redirects=" + ",".join(f"{r}:3" for r in range(1, nproc))]
     return [
         sys.executable,
         "-m",
@@ -45,6 +54,7 @@ def torchrun_argv(nproc: int, args: list[str], port: int) -> list[str]:
         "--nnodes=1",
         "--master-addr=127.0.0.1",
         f"--master-port={port}",
+        *(quiet if log_dir is not None and nproc > 1 else []),
         "-m",
         "heterorl.cli",
         *strip_nproc(args),
@@ -52,16 +62,39 @@ def torchrun_argv(nproc: int, args: list[str], port: int) -> list[str]:
 
 
 def torchrun_self(nproc: int) -> int:
-    """Replace this process with torchrun running this command as `nproc` processes (returns only on failure)."""
+    """Run this command as `nproc` processes under torchrun's agent, in this process; returns the exit code.
+
+    A rank that fails prints its own one-line error (the CLI's); the agent's traceback and log lines would bury
+    it, so they are kept quiet and a failure becomes one more line naming the rank and its exit code. Ctrl-C or
+    SIGTERM reaches the ranks through the agent (rank 0 saves what it can and says how to continue); the agent
+    then returns 130 without a traceback of its own."""
     if "RANK" in os.environ:
         raise LaunchError("--nproc given inside torchrun: drop it, torchrun already started the processes")
     import torch.distributed
 
     if not torch.distributed.is_available():
         raise LaunchError("this torch build has no torch.distributed, which --nproc (torchrun) needs")
-    env = dict(os.environ)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
     if sys.platform.startswith("linux"):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's peers meet on loopback, not the host's first interface
-    argv = torchrun_argv(nproc, sys.argv[1:], free_port())
-    os.execve(sys.executable, argv, env)
-    return 1  # pragma: no cover (execve does not return)
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's peers meet on loopback, not the first interface
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own choice, without its banner saying so
+    log_dir = tempfile.mkdtemp(prefix="heterorl-ranks-")
+    argv = torchrun_argv(nproc, sys.argv[1:], free_port(), log_dir)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    keep_logs = False  # kept only when a follower failed: the error line names a file there
+    try:
+        run(parse_args(argv[3:]))  # argv[3:]: torchrun's own arguments (after `python -m torch.distributed.run`)
+    except ChildFailedError as exc:
+        rank, failure = min(exc.failures.items())
+        keep_logs = rank != 0
+        where = "its error is above" if rank == 0 else f"its output: {Path(failure.error_file).parent / 'stderr.log'}"
+        raise LaunchError(f"rank {rank} of {nproc} exited with code {failure.exitcode} ({where})") from None
+    except SignalException:
+        return 130
+    finally:
+        if not keep_logs:
+            shutil.rmtree(log_dir, ignore_errors=True)
+    return 0

@@ -28,9 +28,11 @@ from heterorl.config import RunConfig
 from heterorl.console import Bar, progress_bar
 from heterorl.durable.state import latest_state
 from heterorl.lab import Node, WanLab
+from heterorl.lab.netns import check_host
+from heterorl.live.learner_node import check_same_config
 from heterorl.live.node import PARENT_ENV
 from heterorl.live.preflight import check_live_config
-from heterorl.run.build import checked_model_path, resolve_base_model
+from heterorl.run.build import check_traces, checked_model_path, resolve_base_model
 from heterorl.run.recorder import Observer
 from heterorl.run.run_dir import prepare_run_dir
 from heterorl.transport.http.auth import configured_token, new_token
@@ -145,7 +147,18 @@ def _wait_for_url(address: Path, procs: ProcessGroup, timeout_s: float) -> str:
 
 
 class LiveInterruptedError(RuntimeError):
-    """Ctrl-C or SIGTERM ended `run --live` early; the message says what was kept and how to continue."""
+    """Ctrl-C or SIGTERM ended `run --live` early, after every child ended; `kept` says what the run directory
+    holds (the learner's newest saved state), and the message how to continue (`--resume`)."""
+
+    def __init__(self, run_dir: Path, version: int | None) -> None:
+        if version is None:
+            kept = f"{run_dir} holds no saved learner state yet"
+            how = f"run it again with: heterorl run CONFIG --live --run-dir {run_dir} --overwrite"
+        else:
+            kept = f"{run_dir} keeps the learner's state saved at version {version}"
+            how = f"continue with: heterorl run CONFIG --live --run-dir {run_dir} --resume"
+        super().__init__(f"{kept}; {how}")
+        self.run_dir, self.version, self.kept = run_dir, version, kept
 
 
 @contextlib.contextmanager
@@ -235,6 +248,9 @@ def run_live(
     has ended (the learner saved its state)."""
     wall_start = time.monotonic()
     check_live_config(cfg)
+    if cfg.live.wan_lab:
+        check_host()  # root, iproute2, /dev/net/tun: refused before the warm start is built
+    check_traces(cfg)
     checked_model_path(cfg)
     if cfg.trust.credentials is not None:
         raise LiveRunError(
@@ -244,6 +260,8 @@ def run_live(
     run_dir = Path(run_dir)
     if resume and not (run_dir / "live" / "state").is_dir():
         raise LiveRunError(f"--resume: {run_dir} holds no live learner state to continue (nothing to resume)")
+    if resume:  # before the run directory's config.yaml, which the learner reads, is written again
+        check_same_config(cfg, run_dir)
     run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite, resume=resume)
     live_dir = run_dir / "live"
     live_dir.mkdir(exist_ok=True)
@@ -258,14 +276,8 @@ def run_live(
             _run_children(cfg, run_dir, procs, lab, show_progress, observer, resume)
     except KeyboardInterrupt:
         state = latest_state(live_dir / "state")
-        kept = (
-            f"the learner saved its state at version {int(state.name.rsplit('-v', 1)[1])}"
-            if state
-            else "nothing was saved"
-        )
-        raise LiveInterruptedError(
-            f"interrupted: {kept} in {run_dir}; continue with: heterorl run CONFIG --live --run-dir {run_dir} --resume"
-        ) from None
+        version = int(state.name.rsplit("-v", 1)[1]) if state else None
+        raise LiveInterruptedError(run_dir, version) from None
     summary_path = run_dir / "summary.json"
     if not summary_path.is_file():
         raise LiveRunError(

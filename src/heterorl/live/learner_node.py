@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import yaml
 
 from heterorl import failpoints
-from heterorl.config import RunConfig
+from heterorl.config import RunConfig, changed_settings
 from heterorl.console import Bar, progress_bar
 from heterorl.durable.journal import Journal, read_segment, segment_indices
 from heterorl.durable.state import (
@@ -209,10 +209,6 @@ class LiveLearner:
         }
 
 
-def _comparable(cfg: RunConfig) -> dict[str, Any]:
-    return cfg.model_dump(mode="json", exclude={"live"})
-
-
 def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
     """Whether to resume from the run directory's state. A fresh start over a state, or a resume with another
     config, is refused. A directory without a state holds no acknowledged group (the learner saves its version-0
@@ -232,10 +228,22 @@ def _check_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> bool:
         return False
     if not resume:
         raise LiveSetupError(f"{run_dir} already holds a live learner; pass --resume or use a new run directory")
-    saved_cfg = RunConfig.model_validate(yaml.safe_load((run_dir / "config.yaml").read_text()))
-    if _comparable(saved_cfg) != _comparable(cfg):
-        raise LiveSetupError(f"--resume: the config differs from {run_dir / 'config.yaml'} (only `live` may change)")
+    check_same_config(cfg, run_dir)
     return True
+
+
+def check_same_config(cfg: RunConfig, run_dir: Path) -> None:
+    """A resume continues the run as it was configured: only the `live` section (ports, timeouts) may change."""
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise LiveSetupError(f"--resume: {path} is missing (the config the run was started with)")
+    saved_cfg = RunConfig.model_validate(yaml.safe_load(path.read_text()))
+    changed = changed_settings(saved_cfg, cfg)
+    if changed:
+        raise LiveSetupError(
+            f"--resume: the config differs from {path} in {', '.join(changed[:5])}"
+            f"{f' and {len(changed) - 5} more' if len(changed) > 5 else ''} (only `live` may change)"
+        )
 
 
 @contextlib.contextmanager

@@ -29,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from heterorl.errors import DataError
 from heterorl.network.outages import Outages
 
 MAX_ROWS = 5_000_000
@@ -44,8 +45,9 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {  # column -> (low, high, low i
 COLUMNS = ("t", *_BOUNDS)
 
 
-class TraceError(ValueError):
-    """A trace file is malformed; the message names the file, the line and the column."""
+class TraceError(DataError):
+    """A trace file is missing or malformed; the message names the file, the line and the column (a setup
+    mistake: the CLI prints it as one line)."""
 
 
 @dataclass(frozen=True)

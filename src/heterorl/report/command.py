@@ -20,13 +20,13 @@ def report_command(run_dirs: list[Path], out: Path, baseline: str | None, group_
     with the reason on stderr if the inputs are unusable."""
     from rich.table import Table
 
-    from heterorl.console import console
+    from heterorl.console import console, print_error
     from heterorl.console import out as stdout
 
     try:
         result = make_report(run_dirs, out, group_by=group_by, baseline=baseline)
     except ReportError as exc:
-        console.print(str(exc), style="red", markup=False)
+        print_error(str(exc))
         raise typer.Exit(2) from None
     for skipped in result.skipped:
         console.print(f"skipped {skipped.path}: {skipped.reason}", style="yellow", markup=False, soft_wrap=True)

@@ -41,6 +41,16 @@ def check_sinks(cfg: RunConfig) -> None:
         wandb_preflight(cfg.metrics.wandb_mode)
 
 
+def check_traces(cfg: RunConfig) -> None:
+    """Read every link trace the config names, so that a missing or malformed one (`TraceError`, one line) stops
+    the run before the warm start is built and before the run directory is written."""
+    from heterorl.network.trace import read_trace
+
+    for node in cfg.cluster.samplers:
+        if node.link.trace is not None:
+            read_trace(node.link.trace)
+
+
 def sampler_seed(seed: int, index: int) -> int:
     """Independent, reproducible stream per sampler (prompts and sampling)."""
     return seed * 1_000_003 + 7919 * (index + 1)

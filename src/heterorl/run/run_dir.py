@@ -35,7 +35,7 @@ def prepare_run_dir(
     """Create the directory and write the resolved config into it.
 
     A directory holding a run is refused unless `resume` (continue it) or `overwrite` (delete it first).
-    `resumable=False`: the caller has no `--resume` (simulated and local-process runs), so the refusal does not
+    `resumable=False`: the caller has no `--resume` (simulated runs), so the refusal does not
     offer it."""
     run_dir = Path(run_dir)
     if resume and overwrite:

@@ -21,6 +21,7 @@ from heterorl.run.build import (
     build_sampler,
     build_task,
     check_sinks,
+    check_traces,
     configure_torch,
     resolve_base_model,
 )
@@ -56,6 +57,7 @@ def execute(
     """Run `cfg` on the simulated cluster into `run_dir` (refused if it holds a run, unless `overwrite`); returns
     the summary (also in summary.json). `observer` sees every record and may ask the run to finish early."""
     wall_start = time.monotonic()
+    check_traces(cfg)
     run_dir = prepare_run_dir(cfg, run_dir, overwrite=overwrite, resumable=False)
     check_sinks(cfg)
     configure_torch(cfg)

@@ -21,15 +21,17 @@ TASKS: dict[str, type[Task]] = {
 }
 
 
-def make_task(cfg) -> Task:  # cfg: heterorl.config.TaskConfig
+def make_task(cfg, rewards: bool = True) -> Task:  # cfg: heterorl.config.TaskConfig
     """Build the task named by `cfg.name` (validated by the config's discriminated union).
 
-    With `cfg.reward` set, that function replaces the task's verifier as its training reward (`Task.score`).
+    With `cfg.reward` set, those functions replace the task's verifier as its training reward (`Task.score`);
+    `rewards=False` leaves them out (held-out evaluation needs only the verifier, and a reward function may live
+    where only the training processes can import it).
     """
     if cfg.name not in TASKS:
         raise ValueError(f"unknown task {cfg.name!r}; valid: {sorted(TASKS)}")
-    spec = cfg.reward
-    custom = CustomReward(spec) if spec is not None else None  # a bad path fails before any data is read
+    specs = cfg.reward_specs if rewards else []
+    custom = CustomReward(specs, cfg.reward_weights) if specs else None  # a bad path fails before data is read
     task = TASKS[cfg.name](cfg)
     task.custom_reward = custom
     return task

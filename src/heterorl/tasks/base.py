@@ -121,6 +121,13 @@ class Task(ABC):
         uses it to recompute a sampler's rewards without believing the answer the sampler sent."""
         return None
 
+    def score_batch(self, problems: list[Problem], completions: list[str]) -> list[float]:
+        """`score` of each completion (`problems[i]` is the problem of `completions[i]`), in one call of each
+        batched reward function."""
+        if self.custom_reward is not None:
+            return self.custom_reward.score_batch(problems, completions)
+        return [self.score(p, c) for p, c in zip(problems, completions, strict=True)]
+
     def stats(self) -> dict[str, int]:
         """Counts of the verifier's training verdicts so far (a copy): checked, correct (full score), unparsable
         (no answer could be read), timeouts. A custom reward replaces the verifier, so it counts nothing."""

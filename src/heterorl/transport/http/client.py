@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 
 from heterorl.config import LiveConfig
+from heterorl.console import print_note
 from heterorl.eventlog import EventLog
 from heterorl.loop.protocol import Reply, Upload
 from heterorl.transport.backoff import Backoff, Liveness
@@ -55,6 +56,7 @@ class LearnerClient:
         self._session: aiohttp.ClientSession | None = None
         self.last_contact = time.monotonic()
         self.counts: dict[str, int] = {"retries": 0, "link_down": 0, "link_up": 0}
+        self.heard = False  # any answer yet; until then the first failure is also told in words (stderr)
 
     async def __aenter__(self) -> LearnerClient:
         connector = aiohttp.TCPConnector(limit=16)  # the uploads in flight, the weight pull, status
@@ -88,7 +90,7 @@ class LearnerClient:
                 ) as response:
                     body = await response.read()
                     now = time.monotonic()
-                    self.last_contact = now
+                    self.last_contact, self.heard = now, True
                     if self.liveness.answered(max(now - began - wait_s, 0.0), now):
                         self.counts["link_up"] += 1
                         self.events.emit("link_up", url=self.url)
@@ -105,6 +107,11 @@ class LearnerClient:
                     self.events.emit("link_down", url=self.url, error=error[:200])
             if time.monotonic() - self.last_contact > self.cfg.patience_s:
                 raise LearnerUnreachableError(f"no answer from {self.url} for {self.cfg.patience_s:.0f} s ({error})")
+            if not self.heard and not self.counts["retries"]:  # a wrong URL, or a learner not started yet
+                print_note(
+                    f"no answer from {self.url} yet ({error[:120]}); retrying for up to {self.cfg.patience_s:.0f} s "
+                    "(live.patience_s)"
+                )
             delay = self.backoff.next_delay()
             self.counts["retries"] += 1
             self.events.emit("retry", path=path, error=error[:200], delay=round(delay, 3))
