@@ -54,12 +54,14 @@ def test_calibration_recovers_the_emulated_delays_and_the_samplers_speeds(live_r
         assert weights_s <= statistics.median(sc.weights.delays) <= weights_s + TOLERANCE_S, sc.name
         assert sc.start_delay_s is not None
         assert 0.0 <= sc.start_delay_s < 60.0
-        # the speed from the `generated` events agrees with the sampler's own tokens and idle share
+        # the speed from the `generated` events agrees with the sampler's own tokens and idle share: its busy time
+        # holds the generation seconds and more (applying weights, encoding, scheduling on a loaded machine), so
+        # tokens / busy is a lower bound, and not a far one
         (finished,) = read_events(live_run / "live" / f"sampler-{cal.samplers.index(sc)}.log", "finished")
         (started,) = read_events(live_run / "live" / f"sampler-{cal.samplers.index(sc)}.log", "started")
         busy = (1.0 - finished["idle"]) * (finished["t"] - started["t"])
         assert sc.speed is not None
-        assert sc.speed.value == pytest.approx(finished["tokens"] / busy, rel=0.5), sc.name
+        assert 0.9 <= sc.speed.value / (finished["tokens"] / busy) <= 3.0, sc.name
     # the learner's cost line reproduces the seconds its steps took (tiny steps: the intercept may fit to 0)
     assert cal.learner is not None
     steps = read_events(live_run / "live" / "learner.log", "trained")

@@ -4,7 +4,8 @@ Every group a sampler sends ends in an outcome (accepted, or a refusal reason fr
 checks); every verified group passes or fails; every group the learner drops from a step as poison is charged.
 A sampler's record holds those counts. Some refusals are evidence against the sampler (`CHARGED`: content it
 made, which no link or learner fault explains); the others (busy, duplicate, corrupt in transit, timeouts, a full
-disk, ...) are not.
+disk, ...) are not, nor is `too_long`: an honest sampler with the learner's own config sends it when a data set's
+prompt plus its completion outgrow the model's context, so it says the data and the model disagree, not who lies.
 
 Quarantine (the sampler's groups are refused as `quarantined`, and its admission grants withdrawn by the driver):
 - `max_charges` charged groups among its last `window` judged ones (accepted or charged), or
@@ -37,7 +38,6 @@ CHARGED = frozenset(
         "bad_rewards",
         "out_of_vocab",
         "future_version",
-        "too_long",
         "group_size",
         "prompt_mismatch",
         "invalid",
