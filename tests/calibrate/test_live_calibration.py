@@ -17,8 +17,8 @@ from heterorl.live.launcher import run_live
 from heterorl.report import make_report
 from heterorl.simulated.run import execute
 
-DELAYS = {"a": (0.2, 0.3), "b": (0.05, 0.1)}  # sampler -> (weights, rollout) one-way delay, seconds
-TOLERANCE_S = 0.08  # what the learner's handling, loopback HTTP and a loaded 2-core machine may add or blur
+DELAYS = {"a": (0.8, 1.0), "b": (0.2, 0.3)}  # sampler -> (weights, rollout) one-way delay, seconds
+TOLERANCE_S = 0.25  # what the learner's handling, loopback HTTP and a loaded 2-core machine may add or blur
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_calibration_recovers_the_emulated_delays_and_the_samplers_speeds(live_r
     for sc in cal.samplers:
         weights_s, rollout_s = DELAYS[sc.name]
         assert sc.rollout is not None, sc.name
-        assert statistics.median(sc.rollout.delays) == pytest.approx(rollout_s, abs=TOLERANCE_S), sc.name
+        assert rollout_s - 0.02 <= statistics.median(sc.rollout.delays) <= rollout_s + TOLERANCE_S, sc.name
         assert sc.weights is not None, sc.name
         # from the version's commit: the emulated delay plus the encode, the long-poll's answer and the decode
         assert weights_s <= statistics.median(sc.weights.delays) <= weights_s + TOLERANCE_S, sc.name

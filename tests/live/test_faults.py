@@ -50,6 +50,7 @@ def test_a_sampler_over_a_faulty_link_still_trains_the_learner(tmp_path: Path, t
         "live.backoff_max_s=0.05",
         "live.poll_seconds=1",
         "learner.steps=4",
+        "cluster.groups_per_upload=1",  # an upload per group: enough uploads that each fault surely happens
         "weights.codec=pulse",
         f"cluster.mode={mode}",
         events=EventLog(learner_log),
