@@ -6,12 +6,24 @@ kernel has no sch_netem): one-way delay per direction, rate, a bounded bottlenec
 
     sudo .venv/bin/python benchmarks/wan_bench.py --out /tmp/wanbench --steps 40
     sudo .venv/bin/python benchmarks/wan_bench.py --out /tmp/wb --cases three-links four-links   # calibrated plan
+    sudo .venv/bin/python benchmarks/wan_bench.py --out /tmp/ws --steps 80 --cases three-links three-links-store \
+        --repeats 2 --no-predict                                  # store vs HTTP, interleaved
 
 Cases (configs/wanlab.yaml: the demo on links near 50 ms / 100 Mbit/s, far 300 ms / 20, remote 1 s / 5, one way):
 - three-links: the three shaped links (`--repeats` times: the live spread);
 - remote-alone: one sampler on the 1 s / 5 Mbit/s link (issue 23: at least 2 accepted groups/s);
 - unshaped: the three samplers on unshaped links (still through the lab's router), the accuracy reference;
-- four-links: a fourth sampler on a 500 ms / 10 Mbit/s link, the run a calibration must predict (issue 24).
+- four-links: a fourth sampler on a 500 ms / 10 Mbit/s link, the run a calibration must predict (issue 24);
+- three-links-store: three-links with weights and rollouts through an S3 store (issue 23: within 1.5x of HTTP's
+  trained groups/s): moto's server in the learner's namespace on the learner's lab address, so the learner reaches
+  it locally and every sampler through its shaped link, as it reaches the learner's HTTP service. Each run gets a
+  fresh server; its request log (OUT/moto/<label>.log) gives the requests by kind and its CPU seconds are read
+  before it stops. `--s3-server keepalive` (the default) serves moto's application under waitress with HTTP/1.1
+  keep-alive, as S3 does (benchmarks/s3_server.py); `werkzeug` is `moto_server` itself, which closes the
+  connection after every request (a TCP handshake and slow start again per request). Not predicted by the
+  simulator here (`--no-predict` is implied for it).
+Repeated cases (three-links, three-links-store: `--repeats`) run interleaved, and store/HTTP ratios of trained
+groups/s are printed for each pair of the same repeat.
 
 Each shaped live run is followed by the simulator's predictions of it, run on the same seed and steps:
 - `measured`: the config's link numbers with what the live run measured (each sampler's tokens per busy second
@@ -30,14 +42,18 @@ OUT/summary.md. The lab's namespaces are deleted on exit, and any this process l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
 import os
+import re
 import statistics
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +63,7 @@ from wan_measure import live_figures, run_figures
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_CONFIG = REPO / "configs" / "wanlab.yaml"
+LEARNER_IP = "10.77.0.1"  # WanLab's default subnet: the learner's address in every lab
 EXTRA = {  # the fourth sampler of `four-links`
     "name": "extra",
     "tokens_per_second": 2.0,
@@ -62,7 +79,30 @@ CASES = {  # case -> (samplers, shaped)
     "remote-alone": (("remote",), True),
     "unshaped": (("near", "far", "remote"), False),
     "four-links": (("near", "far", "remote", "extra"), True),
+    "three-links-store": (("near", "far", "remote"), True),
 }
+STORE_CASES = {"three-links-store": "three-links"}  # store case -> its HTTP twin
+REPEATED = ("three-links", "three-links-store")
+MOTO_PORT = 8471  # beside the learner's HTTP port (live.wan_lab_port, 8470) on the learner's lab address
+MOTO_ENV = {  # moto's dummy credentials, in the environment only (the children inherit it)
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+BUCKET = "heterorl-wanbench"
+MAKE_BUCKET = """
+import sys, time, boto3, botocore.exceptions
+s3 = boto3.client("s3", endpoint_url=sys.argv[1], region_name="us-east-1")
+for _ in range(300):
+    try:
+        s3.create_bucket(Bucket=sys.argv[2])
+        break
+    except botocore.exceptions.EndpointConnectionError:
+        time.sleep(0.1)
+else:
+    sys.exit("moto's server did not answer within 30 s")
+"""
 
 
 class LoadSampler:
@@ -90,7 +130,7 @@ class LoadSampler:
         return {"median": statistics.median(self.values), "min": min(self.values), "max": max(self.values)}
 
 
-def case_config(case: str, steps: int) -> dict[str, Any]:
+def case_config(case: str, steps: int, store_poll: float | None = None) -> dict[str, Any]:
     """configs/wanlab.yaml with the case's samplers and steps, run live in the WAN lab."""
     names, shaped = CASES[case]
     base = yaml.safe_load(BASE_CONFIG.read_text())
@@ -102,21 +142,76 @@ def case_config(case: str, steps: int) -> dict[str, Any]:
         for s in cfg["cluster"]["samplers"]:
             s["link"] = {}
     cfg.setdefault("live", {})["wan_lab"] = True
+    if case in STORE_CASES:
+        store: dict[str, Any] = {"url": f"s3://{BUCKET}/run", "endpoint_url": f"http://{LEARNER_IP}:{MOTO_PORT}"}
+        if store_poll is not None:
+            store["poll_seconds"] = store_poll
+        cfg["transport"] = {"weights": "store", "rollouts": "store", "store": store}
     return cfg
 
 
-def live_run(label: str, case: str, steps: int, out: Path) -> dict[str, Any]:
+class MotoInLab:
+    """moto's S3 server in a lab's learner namespace for one live run (`run_live`'s `lab_services`): started on the
+    learner's lab address with a fresh bucket before the children start; its CPU seconds read, then stopped, after
+    they end. Its request log goes to `log`."""
+
+    def __init__(self, log: Path, server: str) -> None:
+        self.log, self.server, self.cpu_s = log, server, math.nan
+
+    @contextlib.contextmanager
+    def __call__(self, lab: Any) -> Iterator[None]:
+        if lab.learner_ip != LEARNER_IP:  # the store's endpoint is in the config, written before the lab exists
+            raise RuntimeError(f"the lab's learner is at {lab.learner_ip}, the config's store at {LEARNER_IP}")
+        endpoint = f"http://{LEARNER_IP}:{MOTO_PORT}"
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            argv = {
+                "keepalive": [sys.executable, str(REPO / "benchmarks" / "s3_server.py"), LEARNER_IP, str(MOTO_PORT)],
+                "werkzeug": [sys.executable, "-m", "moto.server", "-H", LEARNER_IP, "-p", str(MOTO_PORT)],
+            }[self.server]
+            proc = lab.popen("learner", argv, stdout=out, stderr=subprocess.STDOUT)
+            try:
+                made = lab.exec("learner", [sys.executable, "-c", MAKE_BUCKET, endpoint, BUCKET], timeout=60)
+                if made.returncode != 0:
+                    raise RuntimeError(f"moto's server in the lab: {made.stderr.strip()[-500:]}")
+                yield
+                self.cpu_s = process_cpu_s(proc.pid)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=10)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a running process (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def moto_requests(log: Path) -> dict[str, int]:
+    """Requests in moto's log by kind: LIST (GET with list-type), GET, PUT, DELETE, HEAD, POST; a GET or HEAD that
+    found nothing (404: a reply not there yet) counts as `GET miss` / `HEAD miss`."""
+    counts: dict[str, int] = {}
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))  # werkzeug colours its lines
+    for m in re.finditer(r'"(GET|PUT|DELETE|HEAD|POST) (\S+) HTTP/[0-9.]+" (\d+)', text):
+        kind = "LIST" if m[1] == "GET" and "list-type" in m[2] else m[1]
+        kind += " miss" if m[3] == "404" else ""
+        counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+def live_run(label: str, case: str, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One live run of `case` in a fresh WAN lab; its figures."""
     from heterorl.config import RunConfig
     from heterorl.live.launcher import run_live
 
-    cfg = case_config(case, steps)
+    cfg = case_config(case, args.steps, args.store_poll)
     run_dir = out / "runs" / label
+    moto = MotoInLab(out / "moto" / f"{label}.log", args.s3_server) if case in STORE_CASES else None
     began = time.monotonic()
     with LoadSampler() as load:
-        run_live(RunConfig.model_validate(cfg), run_dir, show_progress=True)
+        run_live(RunConfig.model_validate(cfg), run_dir, show_progress=True, lab_services=moto)
     names = [s["name"] for s in cfg["cluster"]["samplers"]]
-    return {
+    record = {
         "label": label,
         "case": case,
         "clock": "live",
@@ -125,6 +220,9 @@ def live_run(label: str, case: str, steps: int, out: Path) -> dict[str, Any]:
         "load": load.summary(),
         **live_figures(run_dir, names),
     }
+    if moto is not None:
+        record["store"] = {"server": args.s3_server, "server_cpu_s": moto.cpu_s, "requests": moto_requests(moto.log)}
+    return record
 
 
 def measured_config(live: dict[str, Any]) -> dict[str, Any]:
@@ -202,7 +300,30 @@ def live_line(r: dict[str, Any]) -> str:
         f"idle {w['idle']:.0%}; accepted groups/s {per}; staleness mean {s['mean']:.2f} p90 {s['p90']:.0f} max "
         f"{s['max']:.0f}; accuracy {r['accuracy_final']:.3f}; {r['wall_s']:.0f} s wall, load median "
         f"{load['median']:.1f} (min {load['min']:.1f}, max {load['max']:.1f}) on {os.cpu_count()} CPUs"
+        + (store_text(r["store"], w["steps"]) if "store" in r else "")
     )
+
+
+def store_text(store: dict[str, Any], steps: int) -> str:
+    requests = ", ".join(f"{k} {v} ({v / steps:.1f}/step)" for k, v in sorted(store["requests"].items()))
+    return f"; S3 server ({store['server']}) {store['server_cpu_s']:.1f} CPU s, requests {requests}"
+
+
+def store_ratios(results: list[dict[str, Any]]) -> list[str]:
+    """store / HTTP trained groups/s for each store run and the HTTP run of its twin case in the same repeat."""
+    live = {r["label"]: r for r in results if r["clock"] == "live"}
+    lines = []
+    for label, r in live.items():
+        twin = STORE_CASES.get(r["case"])
+        http = live.get(twin + label.removeprefix(r["case"])) if twin else None
+        if http is not None:
+            sw, hw = r["window"]["trained_per_s"], http["window"]["trained_per_s"]
+            lines.append(
+                f"{label} / {http['label']}: trained groups/s {sw:.2f} / {hw:.2f} = {ratio(sw, hw):.2f}x (HTTP "
+                f"{ratio(hw, sw):.2f}x the store's); load median {r['load']['median']:.1f} / "
+                f"{http['load']['median']:.1f}"
+            )
+    return lines
 
 
 def sim_line(r: dict[str, Any]) -> str:
@@ -236,6 +357,9 @@ def tables(results: list[dict[str, Any]]) -> str:
             f"| {s['mean']:.2f} / {s['p90']:.0f} / {s['max']:.0f} | {r['accuracy_final']:.3f} | {r['wall_s']:.0f} "
             f"| {r['load']['median']:.1f} ({r['load']['max']:.1f}) |"
         )
+    ratios = store_ratios(results)
+    if ratios:
+        rows += ["", "## Store against HTTP (same case, same repeat)", ""] + [f"- {line}" for line in ratios]
     if sims:
         rows += [
             "",
@@ -264,12 +388,13 @@ def save(out: Path, record: dict[str, Any]) -> None:
 
 
 def plan(cases: list[str], repeats: int) -> list[tuple[str, str]]:
-    """(label, case) of every live run, in order."""
-    runs = []
-    for case in cases:
-        n = repeats if case == "three-links" else 1
-        runs += [(case + (f"-{k + 1}" if n > 1 else ""), case) for k in range(n)]
-    return runs
+    """(label, case) of every live run, in order: repeated cases (`REPEATED`) `repeats` times, interleaved."""
+    return [
+        (case + (f"-{k + 1}" if repeats > 1 and case in REPEATED else ""), case)
+        for k in range(repeats)
+        for case in cases
+        if case in REPEATED or k == 0
+    ]
 
 
 def leftover_namespaces() -> list[str]:
@@ -286,14 +411,19 @@ def run(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     calibration_source: Path | None = None
     runs = plan(args.cases, args.repeats)
+    shown: set[str] = set()
     print(f"{len(runs)} live runs of {args.steps} steps into {out}; load {os.getloadavg()[0]:.2f}", flush=True)
     for i, (label, case) in enumerate(runs, 1):
         print(f"[{i}/{len(runs)}] {label}: live, {len(CASES[case][0])} samplers in the WAN lab", flush=True)
-        live = live_run(label, case, args.steps, out)
+        live = live_run(label, case, out, args)
         save(out, live)
         results.append(live)
         print("  " + live_line(live), flush=True)
-        if not CASES[case][1] or args.no_predict:
+        for line in store_ratios(results):  # a pair's ratio once both runs are done
+            if line not in shown:
+                shown.add(line)
+                print("  " + line, flush=True)
+        if not CASES[case][1] or args.no_predict or case in STORE_CASES:
             continue
         predictions = [("measured", measured_config(live))]
         if case == "three-links" and calibration_source is None:
@@ -313,8 +443,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="Results directory (runs/, results/, summary.md).")
     parser.add_argument("--cases", nargs="+", default=["three-links"], choices=list(CASES))
-    parser.add_argument("--repeats", type=int, default=1, help="three-links live runs (the live spread).")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="Runs of three-links and three-links-store, interleaved (the spread)."
+    )
     parser.add_argument("--steps", type=int, default=40, help="Learner steps of every run.")
+    parser.add_argument(
+        "--s3-server",
+        choices=["keepalive", "werkzeug"],
+        default="keepalive",
+        help="Store cases: moto under waitress (keep-alive, as S3) or moto_server (a connection per request).",
+    )
+    parser.add_argument(
+        "--store-poll", type=float, help="Store cases: transport.store.poll_seconds (the longest wait between looks)."
+    )
     parser.add_argument("--no-predict", action="store_true", help="Live runs only, no simulated predictions.")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -325,6 +466,9 @@ def main() -> None:
     if (out / "runs").exists():
         sys.exit(f"error: {out}/runs exists: remove it or choose another --out")
     from heterorl.lab.netns import remove_stale
+
+    if any(c in STORE_CASES for c in args.cases):
+        os.environ.update(MOTO_ENV)
 
     stale = remove_stale()
     if stale:

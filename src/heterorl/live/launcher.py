@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -240,12 +240,14 @@ def run_live(
     overwrite: bool = False,
     observer: Observer | None = None,
     resume: bool = False,
+    lab_services: Callable[[WanLab], contextlib.AbstractContextManager[object]] | None = None,
 ) -> dict[str, Any]:
     """Run `cfg` on a live local cluster (one learner + one process per sampler node) into `run_dir` (refused if
     it holds a run, unless `overwrite`; `resume` continues an interrupted one from the learner's saved state).
     `observer` sees every record as the learner writes it; when it asks to stop, the learner is told to finish
     (SIGUSR1: last evaluation, checkpoint, summary). Ctrl-C or SIGTERM: LiveInterruptedError, after every child
-    has ended (the learner saved its state)."""
+    has ended (the learner saved its state). `lab_services` (with `live.wan_lab`): entered once the lab is up and
+    before the children start, left after they end -- e.g. an S3 server in the learner's namespace."""
     wall_start = time.monotonic()
     check_live_config(cfg)
     if cfg.live.wan_lab:
@@ -271,6 +273,7 @@ def run_live(
         with (
             sigterm_as_interrupt(),
             WanLab(links, seed=cfg.seed) if cfg.live.wan_lab else contextlib.nullcontext() as lab,
+            lab_services(lab) if lab is not None and lab_services is not None else contextlib.nullcontext(),
         ):
             procs = ProcessGroup(child_env(cfg, configured_token(cfg.live) or new_token()), lab)
             _run_children(cfg, run_dir, procs, lab, show_progress, observer, resume)

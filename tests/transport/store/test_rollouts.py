@@ -94,6 +94,7 @@ def test_every_verdict_of_the_http_intake_comes_back_through_the_store(
         while len(replies) < len(ups):
             await asyncio.to_thread(intake.poll)
             await asyncio.sleep(0.05)
+        await side.settle(10)  # the replies' deletes, in the background
         side.close()
         return sorted(replies, key=lambda r: r.seq)
 

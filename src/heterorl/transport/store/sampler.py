@@ -3,10 +3,12 @@ manifest (`StoreWeightSource`).
 
 An upload is written under `up/<sampler>/<session>/<seq>-<digest>.up` (`intake.upload_key`; the learner checks
 the digest: a torn or corrupted object is refused as `corrupt`); its reply appears under
-`down/<sampler>/<session>/<seq>.reply`, which the sampler reads (then deletes) at a `Cadence`: at once and then
-after waits doubling from `first_poll_seconds` to `poll_seconds`, so a busy conversation pays no fixed poll per
-hop. Several uploads are in flight at once, each with its own reply to wait for. Store outages are retried with
-backoff; a store silent for `live.patience_s` raises `StoreUnreachableError`, which ends the sampler.
+`down/<sampler>/<session>/<seq>.reply`, which the sampler reads at a `Cadence`: at once and then after waits
+doubling from `first_poll_seconds` to `poll_seconds`, so a busy conversation pays no fixed poll per hop. The reply
+is handed over as soon as it is read and deleted in the background (a DELETE is a round trip to the store: over a
+WAN link awaiting it made every exchange one round trip longer). Several uploads are in flight at once, each with
+its own reply to wait for. Store outages are retried with backoff; a store silent for `live.patience_s` raises
+`StoreUnreachableError`, which ends the sampler.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class StoreSamplerSide:
             except ObjectMissing:
                 await asyncio.sleep(cadence.nothing())
                 continue
-            await self._retry("delete reply", lambda: self.objects.delete(key))
+            self._run(self._retry("delete reply", lambda: self.objects.delete(key)), lambda _: None)
             try:
                 return decode_reply(raw, len(upload.groups))
             except WireError as err:  # a reply that is not one: count it and let the learner answer again
