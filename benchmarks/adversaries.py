@@ -8,9 +8,10 @@ all-honest runs with the same defences.
     .venv/bin/python benchmarks/adversaries.py runs/adversaries runs/adversaries-poison
 
 From each run directory: config.yaml (which adversary, which defences), summary.json (`trust`: every sampler's
-record, `accuracy_final`) and metrics.jsonl (the step at which the liar was quarantined). Caught = the liar's
-groups refused for a charged reason, dropped from a step as poison, or refused while quarantined, over all its
-groups that reached the learner; a false positive = an honest sampler's group charged the same way.
+record, `accuracy_final`; `per_sampler`: the liar's share of the trained groups) and metrics.jsonl (the step at
+which the liar was quarantined). Caught = the liar's groups refused for a charged reason, dropped from a step as
+poison, or refused while quarantined, over all its groups that reached the learner; a false positive = an honest
+sampler's group charged the same way.
 """
 
 from __future__ import annotations
@@ -80,6 +81,9 @@ def one_run(run: Path) -> dict | None:
     if liar is not None and LIAR in records:
         caught, sent = caught_and_sent(records[LIAR])
         out.update(caught=caught / max(1, sent), liar_sent=sent, quarantined_at=quarantined_at(run))
+        trained = summary.get("per_sampler", {}).get(LIAR, {}).get("trained_share")
+        if trained is not None:  # a quarantined liar stops sending: few groups, so "caught" alone understates it
+            out["liar_trained"] = trained
     return out
 
 
@@ -100,9 +104,10 @@ def table(rows: list[dict]) -> str:
     kinds = ["none", "forged_logprobs", "poison", "other_model", "forged_rewards", "replay", "none (grpo)"]
     kinds.append("poison (grpo)")
     lines = [
-        "| adversary (1 of 4) | defences | liar's groups caught % | quarantined at step | honest false positives % "
-        "| held-out accuracy % (last evaluation) | vs all-honest (points) | seeds |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| adversary (1 of 4) | defences | liar's groups caught % | quarantined at step "
+        "| liar's share of trained groups % | honest false positives % | held-out accuracy % (last evaluation) "
+        "| vs all-honest (points) | seeds |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for kind in [k for k in kinds if any(key[0] == k for key in by)] + sorted({k for k, _ in by} - set(kinds)):
         for defences in ("on", "off"):
@@ -118,8 +123,9 @@ def table(rows: list[dict]) -> str:
             lines.append(
                 f"| {kind} | {defences} | {fmt([r['caught'] for r in runs if 'caught' in r])} "
                 f"| {fmt(q, pct=False) if q else '-'} ({len(q)}/{len(runs)}) "
+                f"| {fmt([r['liar_trained'] for r in runs if 'liar_trained' in r])} "
                 f"| {fmt([r['false_positive'] for r in runs])} | {fmt([r['accuracy'] for r in runs])}{note} "
-                f"| {fmt(deltas) if kind != 'none' else '-'} | {len(runs)} |"
+                f"| {fmt(deltas) if not kind.startswith('none') else '-'} | {len(runs)} |"
             )
     return "\n".join(lines)
 
