@@ -6,6 +6,7 @@ runs out and its slots come back."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 from pathlib import Path
 
@@ -48,7 +49,13 @@ def test_lost_uploads_and_a_sampler_killed_holding_slots_do_not_stop_the_run(
         granted = status(url).get("admission", {}).get("a", {})
         return granted.get("outstanding", 0) > 0
 
-    wait_until(a_holds_slots, processes, 120, "sampler a to hold admission slots")
+    for _ in range(20):  # kill it while it surely holds slots: stopped, with nothing of it still on the way
+        wait_until(a_holds_slots, processes, 120, "sampler a to hold admission slots")
+        a.send_signal(signal.SIGSTOP)
+        time.sleep(1.0)  # an upload already sent lands (and may cover its slots)
+        if a_holds_slots():
+            break
+        a.send_signal(signal.SIGCONT)
     a.kill()
     killed_at = time.monotonic()
     assert learner.wait(timeout=240) == 0, processes.log("learner").read_text()[-3000:]
