@@ -4,14 +4,14 @@ the sampler's asyncio loop."""
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from heterorl.loop.protocol import Reply, Upload
 from heterorl.transport.base import Held
 from heterorl.transport.http.client import LearnerClient
+from heterorl.transport.in_flight import InFlight
 
 
 class HttpSamplerSide:
@@ -20,41 +20,22 @@ class HttpSamplerSide:
     def __init__(self, client: LearnerClient, reports: Callable[[], tuple[float | None, int]]) -> None:
         self.client = client
         self.reports = reports  # (idle share, weight updates failed) sent with every pull
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.requests = InFlight()
+        self.failed = self.requests.failed
 
     @property
     def counts(self) -> Counter[str]:
         return Counter(self.client.counts)
 
     def exchange(self, upload: Upload, done: Callable[[Reply | None], None]) -> None:
-        self._run(self.client.exchange(upload), done)
+        self.requests.run(self.client.exchange(upload), done)
 
     def pull(self, held: Callable[[], Held], wait_s: float, done: Callable[[Any], None]) -> None:
         idle, failed = self.reports()
-        self._run(self.client.pull(held(), wait_s, idle, failed), done)
-
-    def _run(self, work: Awaitable[Any], done: Callable[[Any], None]) -> None:
-        task = asyncio.ensure_future(work)
-        self.tasks.add(task)
-
-        def finished(t: asyncio.Task[Any]) -> None:
-            self.tasks.discard(t)
-            if t.cancelled():
-                return
-            if t.exception() is not None:  # unreachable, refused credential, not a learner: the sampler stops
-                if not self.failed.done():
-                    self.failed.set_exception(t.exception())  # type: ignore[arg-type]
-                return
-            done(t.result())
-
-        task.add_done_callback(finished)
+        self.requests.run(self.client.pull(held(), wait_s, idle, failed), done)
 
     async def settle(self, timeout: float) -> None:
-        """Let the requests in flight finish (their answers still count), at most `timeout` seconds."""
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=timeout)
+        await self.requests.settle(timeout)
 
     def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
+        self.requests.cancel()

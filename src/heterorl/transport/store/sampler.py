@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -27,6 +27,7 @@ from heterorl.loop.protocol import Reply, Upload
 from heterorl.transport.backoff import Backoff
 from heterorl.transport.base import Held
 from heterorl.transport.identity import sign_upload
+from heterorl.transport.in_flight import InFlight
 from heterorl.transport.store.cadence import Cadence
 from heterorl.transport.store.intake import reply_key, upload_key
 from heterorl.transport.store.objects import ObjectMissing, ObjectStore, StoreUnavailable
@@ -59,8 +60,8 @@ class StoreSamplerSide:
         self.signing_key = signing_key  # signs every upload (`transport.identity.sign_upload`) when set
         self.source = StoreWeightSource(objects, cfg, live, name, backoff, events, merge, session, authority)
         self.uploads: Counter[str] = Counter()
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.requests = InFlight()
+        self.failed = self.requests.failed
 
     @property
     def counts(self) -> Counter[str]:
@@ -68,12 +69,12 @@ class StoreSamplerSide:
 
     # ------------------------------------------------------------------ SamplerSide
     def exchange(self, upload: Upload, done: Callable[[Reply | None], None]) -> None:
-        self._run(self._exchange(upload), done)
+        self.requests.run(self._exchange(upload), done)
 
     def pull(self, held: Callable[[], Held], wait_s: float, done: Callable[[Any], None]) -> None:
         idle, failed = self.reports()
         version, state_hash = held()
-        self._run(self.source.pull(version, state_hash, wait_s, idle, failed), done)
+        self.requests.run(self.source.pull(version, state_hash, wait_s, idle, failed), done)
 
     async def _exchange(self, upload: Upload) -> Reply:
         body = encode_upload(upload)
@@ -91,7 +92,7 @@ class StoreSamplerSide:
             except ObjectMissing:
                 await asyncio.sleep(cadence.nothing())
                 continue
-            self._run(self._retry("delete reply", lambda: self.objects.delete(key)), lambda _: None)
+            self.requests.run(self._retry("delete reply", lambda: self.objects.delete(key)), lambda _: None)
             try:
                 return decode_reply(raw, len(upload.groups))
             except WireError as err:  # a reply that is not one: count it and let the learner answer again
@@ -114,26 +115,8 @@ class StoreSamplerSide:
             self.backoff.reset()
             return result
 
-    def _run(self, work: Awaitable[Any], done: Callable[[Any], None]) -> None:
-        task = asyncio.ensure_future(work)
-        self.tasks.add(task)
-
-        def finished(t: asyncio.Task[Any]) -> None:
-            self.tasks.discard(t)
-            if t.cancelled():
-                return
-            if t.exception() is not None:
-                if not self.failed.done():
-                    self.failed.set_exception(t.exception())  # type: ignore[arg-type]
-                return
-            done(t.result())
-
-        task.add_done_callback(finished)
-
     async def settle(self, timeout: float) -> None:
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=timeout)
+        await self.requests.settle(timeout)
 
     def close(self) -> None:
-        for task in self.tasks:
-            task.cancel()
+        self.requests.cancel()

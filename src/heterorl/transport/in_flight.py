@@ -1,0 +1,44 @@
+"""The requests a live sampler side has on their way (HTTP, the store, the link emulation): each runs as an
+asyncio task whose result is handed to a callback; the first error fails `failed` (the sampler stops on it);
+`settle` lets the answers already on their way arrive; `cancel` drops the rest."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+
+class InFlight:
+    """Tasks in flight and the future their first error fails (see the module docstring)."""
+
+    def __init__(self, failed: asyncio.Future[None] | None = None) -> None:
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.failed = failed if failed is not None else asyncio.get_running_loop().create_future()
+
+    def run(self, work: Awaitable[Any], done: Callable[[Any], None]) -> None:
+        """Run `work`; hand its result to `done`, or its error to `failed` (unreachable, a refused credential,
+        not a learner: the sampler stops)."""
+        task = asyncio.ensure_future(work)
+        self.tasks.add(task)
+
+        def finished(t: asyncio.Task[Any]) -> None:
+            self.tasks.discard(t)
+            if t.cancelled():
+                return
+            if t.exception() is not None:
+                if not self.failed.done():
+                    self.failed.set_exception(t.exception())  # type: ignore[arg-type]
+                return
+            done(t.result())
+
+        task.add_done_callback(finished)
+
+    async def settle(self, timeout: float) -> None:
+        """Let the tasks in flight finish (their answers still count), at most `timeout` seconds."""
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=timeout)
+
+    def cancel(self) -> None:
+        for task in self.tasks:
+            task.cancel()
