@@ -14,6 +14,7 @@ from heterorl.calibrate.fit import (
     quantile_points,
     ratio_of_sums,
 )
+from heterorl.calibrate.measure import link_direction, sizes_vary
 
 
 def test_ratio_of_sums_weights_items_by_their_denominator() -> None:
@@ -74,3 +75,23 @@ def test_a_cost_is_never_negative() -> None:
 def test_quantile_points() -> None:
     q = quantile_points([0.0, 1.0, 2.0, 3.0, 4.0], points=5)
     assert q == {0.0: 0.0, 0.25: 1.0, 0.5: 2.0, 0.75: 3.0, 1.0: 4.0}
+
+
+def test_a_rate_needs_sizes_that_vary_by_a_quarter() -> None:
+    # patches of 543-545 bytes whose delays happen to rise with the 2 bytes: a perfect, "significant" slope of
+    # 10 ms per byte (0.0008 Mbit/s) that is jitter, not a link's rate, so no rate and the delays stay as measured
+    sizes = [543.0, 544.0, 545.0] * 4
+    delays = [0.05 + 0.01 * (b - 543.0) for b in sizes]
+    assert line_fit(sizes, delays).slope_significant
+    narrow = link_direction(sizes, delays)
+    assert narrow.rate_mbps is None
+    assert narrow.delays == pytest.approx(delays)
+    # sizes from 1 kB to 100 kB on a 10 Mbit/s link with a 50 ms delay: the rate and the delay come back
+    sizes = [1e3, 5e4, 1e5] * 4
+    wide = link_direction(sizes, [0.05 + b * 8 / 10e6 for b in sizes])
+    assert wide.rate_mbps is not None
+    assert wide.rate_mbps.value == pytest.approx(10.0)
+    assert wide.delays == pytest.approx([0.05] * len(sizes))
+    assert not sizes_vary([300.0, 399.0])
+    assert sizes_vary([300.0, 400.0])
+    assert not sizes_vary([])

@@ -13,8 +13,9 @@
 
 The first item of each series (a sampler's first chunk, the learner's first step) is left out when there are more
 than `WARMUP_KEEP_FROM` items: it carries one-time costs (lazy initialisation) a long run amortises.
-A rate is kept only where the fit's slope is significantly positive (update or upload sizes varied enough); else the
-transfer time stays inside the measured delays.
+A rate is kept only where the sizes varied by at least `MIN_SIZE_SPREAD` of the largest (a 543-545 byte series of
+patches cannot tell a transfer rate from jitter: a chance slope over 2 bytes once read as a 74 kbit/s link) and the
+fit's slope is significantly positive; else the transfer time stays inside the measured delays.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from heterorl.calibrate.records import RunRecords, SamplerLog
 
 WARMUP_KEEP_FROM = 3  # series longer than this lose their first item (warm-up)
 BITS_PER_MEGABIT = 1e6
+MIN_SIZE_SPREAD = 0.25  # (largest - smallest) / largest size a series needs before its rate is fitted
 
 
 @dataclass
@@ -120,9 +122,15 @@ def weight_arrivals(log: SamplerLog, published: dict[int, dict[str, Any]]) -> li
     return out
 
 
-def _direction(x: list[float], y: list[float]) -> LinkDirection:
+def sizes_vary(sizes: list[float]) -> bool:
+    """The sizes spread enough for a per-byte cost to be told from jitter (`MIN_SIZE_SPREAD`)."""
+    largest = max(sizes, default=0.0)
+    return largest > 0.0 and (largest - min(sizes)) / largest >= MIN_SIZE_SPREAD
+
+
+def link_direction(x: list[float], y: list[float]) -> LinkDirection:
     fit = nonnegative_cost_fit(x, y)
-    rate = rate_of(fit)
+    rate = rate_of(fit) if sizes_vary(x) else None
     per_byte = fit.slope.value if rate is not None else 0.0
     return LinkDirection(fit, rate, [max(0.0, yi - per_byte * xi) for xi, yi in zip(x, y, strict=True)])
 
@@ -133,7 +141,7 @@ def link_calibration(cal: SamplerCalibration, log: SamplerLog, published: dict[i
     arrivals = weight_arrivals(log, published)
     back = None  # the reply's way back: the weights direction's delay without the encode
     if arrivals:
-        cal.weights = _direction([float(b) for b, _, _ in arrivals], [d for _, d, _ in arrivals])
+        cal.weights = link_direction([float(b) for b, _, _ in arrivals], [d for _, d, _ in arrivals])
         per_byte = cal.weights.fit.slope.value if cal.weights.rate_mbps is not None else 0.0
         back = _median([max(0.0, p - per_byte * b) for b, _, p in arrivals])
     else:
@@ -142,7 +150,7 @@ def link_calibration(cal: SamplerCalibration, log: SamplerLog, published: dict[i
     if uploads:
         rtts = [float(e["rtt"]) for e in uploads]
         cal.rtt = mean_estimate(rtts)
-        rollout = _direction([float(e["bytes"]) for e in uploads], rtts)
+        rollout = link_direction([float(e["bytes"]) for e in uploads], rtts)
         if back is None:
             back = _median(rollout.delays) / 2.0
             notes.append(f"{cal.name}: round trips split evenly between the directions (no weights delays measured)")
