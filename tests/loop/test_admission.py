@@ -26,9 +26,9 @@ def test_running_totals_make_retries_and_reordering_harmless() -> None:
     assert adm.grant(A, 5, 0, 0.0, 0).granted == 5
     assert adm.grant(A, 5, 0, 0.0, 0).granted == 5  # the same upload again: nothing more
     assert adm.grant(A, 3, 0, 0.0, 0).granted == 5  # an older upload overtaken by a newer one
-    adm.give_back(A, 2, 0.0)
-    adm.give_back(A, 2, 0.0)  # repeated: released once
-    adm.give_back(A, 1, 0.0)  # a smaller (older) total: nothing
+    adm.reported(A, 5, 2, 0.0)
+    adm.reported(A, 5, 2, 0.0)  # repeated: released once
+    adm.reported(A, 4, 1, 0.0)  # smaller (older) totals: nothing
     assert (adm.started, adm.released) == (5, 2)
 
 
@@ -67,3 +67,24 @@ def test_one_sampler_cannot_hold_more_than_its_bound_whatever_its_sessions() -> 
         adm.lease(("a", f"x{i}"), float(i))
     assert sum(1 for name, _ in adm.leases if name == "a") == MAX_SESSIONS
     assert adm.outstanding("a") == 0
+
+
+def test_a_void_tells_unused_slots_from_late_ones_so_the_session_and_the_learner_keep_agreeing() -> None:
+    adm = Admission(eta=None, groups_per_step=4, max_queued_steps=2, per_sampler=None, lease_s=10.0)
+    adm.grant(A, 6, 0, 0.0, 0)
+    adm.reported(A, used=4, returned=0, now=1.0)  # it generated on 4 of its 6 slots
+    adm.arrived(A, kept=True, now=1.0)  # one of them arrived
+    assert adm.expire(11.5) == 5  # silent past its lease: 2 unused and 3 generated-not-arrived slots voided
+    lease = adm.leases[A]
+    assert (lease.voided, lease.voided_unused, lease.late, adm.pending(0)) == (5, 2, 3, 1)
+    # the session is told 2 (`Reply.voided`): it holds 6 - 4 - 2 = 0 and asks for used + voided + 2 = 8
+    assert adm.grant(A, 8, 0, 12.0, 0).granted == 8
+    adm.arrived(A, kept=True, now=12.5)  # a late group: charged, the 2 new slots stay outstanding
+    adm.reported(A, used=4, returned=1, now=12.5)  # one late group will never come: cancelled, not released
+    assert (lease.late, lease.outstanding, adm.started, adm.released) == (1, 2, 9, 5)
+    adm.arrived(A, kept=True, now=13.0)  # the last late group
+    adm.reported(A, used=6, returned=1, now=13.0)  # the session used the 2 new slots
+    adm.arrived(A, kept=True, now=13.5)
+    adm.arrived(A, kept=True, now=13.5)
+    # every group it generated is queued, nothing is held by either side: nothing leaked into the budget
+    assert (lease.late, lease.outstanding, adm.pending(0)) == (0, 0, 5)

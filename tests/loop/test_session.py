@@ -133,6 +133,10 @@ def test_groups_too_stale_for_the_window_are_not_sent_and_their_slots_go_back() 
     ups = sends(s.next_actions())
     assert all(not u.groups for u in ups)
     assert (s.counts["stale"], s.returned) == (2, 2)
+    # a returned slot was used: giving it back frees the learner's budget, it is not counted against the session
+    # a second time (two chunks of 2 used the 4 slots: none left, not -2)
+    assert (s.granted, s.used, s.available) == (4, 4, 0)
+    assert all(u.used == 4 for u in ups)
 
 
 def test_refused_again_and_again_the_session_stops_and_says_why() -> None:

@@ -1,6 +1,7 @@
 """The conversation's rules under the simulated clock: admission with lost uploads, a sampler that dies holding
-slots, eta 0 with chunks of several groups, dynamic sampling, and a client that hoards slots it never uses --
-each run reaches its last step (the live cluster runs the same session: tests/live/test_protocol_live.py)."""
+slots, eta 0 with chunks of several groups, dynamic sampling, a client that hoards slots it never uses, leases
+voided while groups are on their way -- each run reaches its last step (the live cluster runs the same session:
+tests/live/test_protocol_live.py)."""
 
 from __future__ import annotations
 
@@ -99,3 +100,33 @@ def test_a_client_hoarding_slots_it_never_uses_cannot_starve_an_honest_sampler(t
     assert len(records) == 8
     hoarded = loop.admission.per_sampler_counts()["sampler-1"]
     assert hoarded["granted"] <= loop.admission.max_queued_steps * loop.B - loop.B  # never the last batch's worth
+
+
+@pytest.mark.timeout(60)  # passes in seconds; the stall it guards against never ends
+def test_leases_voided_while_groups_are_on_their_way_do_not_leak_slots(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Learner steps (~10 s) longer than the lease (4 s): leases run out while granted groups are being generated
+    or are on the link. The session is told only the unused slots it lost, the learner charges the late groups,
+    and neither side's count drifts: before, every void left the in-flight slots outstanding at the learner for
+    good, the backpressure bound filled with them, and the run stalled for ever (the adversaries config at step 31)."""
+    link = "{weights_delay: {kind: uniform, low: 1, high: 30}, rollout_delay: {kind: uniform, low: 0.5, high: 2}}"
+    slow = f"{{tokens_per_second: 2, link: {link}}}"
+    cluster, records = build(
+        tmp_path,
+        tiny_model_dir,
+        f"cluster.samplers=[{slow}, {slow}, {slow}, {slow}]",
+        "cluster.mode=async",
+        "cluster.learner_seconds_per_token=0.12",
+        "cluster.lease_seconds=4",
+        "learner.steps=30",
+        "eval.every=1000",
+    )
+    cluster.run()
+    assert len(records) == 30
+    admission = cluster.loop.admission
+    assert admission.voided_total > 0
+    # what the learner holds outstanding per sampler is at most what its session can still deliver: unused slots
+    # it holds or was granted on the way, and groups it generated that were not answered yet
+    for i, node in enumerate(n.node for n in cluster.nodes):
+        s = node.session
+        held = admission.outstanding(f"sampler-{i}")
+        assert held <= max(s.wanted, s.granted) - s.used - s.voided + s.unanswered, f"sampler-{i}"

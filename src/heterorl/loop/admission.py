@@ -15,12 +15,24 @@ chunk never deadlocks. The fairness bound keeps one client (or one that asks for
 the whole budget.
 
 A group that reaches the learner settles one outstanding slot of its session; a refused or filtered one releases
-it at once (the sampler generates another). A session gives back slots it will not use (`returned`), and a
+it at once (the sampler generates another). A session reports how many slots it has used (generated on) and gives
+back the used slots whose groups will not arrive (`returned`: too stale to send, undeliverable, refused whole). A
 session that for `lease_s` neither delivered a group nor was granted a slot loses the slots it still holds
 (`voided`): the budget of a sampler that died, of groups lost on the way, or of a client that asks for slots and
-never uses them (talking does not renew a lease; delivering does) comes back after at most one lease. A group that
-arrives without an outstanding slot (its lease was voided, or nothing was asked) is charged when it arrives, so the
-budget stays exact.
+never uses them (talking does not renew a lease; delivering does) comes back after at most one lease.
+
+What a void takes is told apart, because the two sides must keep agreeing on what the session holds:
+
+    unused = granted - used - voided_unused      slots it had not generated on (as far as its last upload said):
+                                                 the reply's `voided` total, which the session stops counting on
+    late   = voided - unused                     slots of groups it generated that had not arrived: each group
+                                                 that arrives while some are late is charged (its slot is gone),
+                                                 each one the session gives back cancels one
+
+A group that arrives without an outstanding slot (nothing was asked) is charged too, so the budget stays exact.
+Had a void's in-flight part been reported as voided, the session would count those slots twice (used and
+voided), ask for them again, and the learner would hold the new grant as outstanding for ever: slots that fill
+the backpressure bound until the run stalls.
 """
 
 from __future__ import annotations
@@ -41,7 +53,10 @@ class Lease:
     covered: int = 0  # groups that arrived on one of its slots
     returned: int = 0  # slots it gave back that were still outstanding
     returned_told: int = 0  # the largest `returned` total it has reported
-    voided: int = 0  # slots taken back when its lease ran out
+    used_told: int = 0  # the largest `used` total it has reported (slots it generated on)
+    voided: int = 0  # slots taken back when its lease ran out (released from the budget)
+    voided_unused: int = 0  # of those, slots it had not used: what the session is told (`Reply.voided`)
+    late: int = 0  # voided slots of generated groups not arrived yet: their arrival is charged
 
     @property
     def outstanding(self) -> int:
@@ -117,15 +132,18 @@ class Admission:
             lease.heard = max(lease.heard, now)
         return lease
 
-    def give_back(self, key: SessionKey, returned: int, now: float) -> None:
-        """The session's running total of slots given back; what it adds to the last total is released (up to
-        what it still holds: slots voided meanwhile were released then)."""
+    def reported(self, key: SessionKey, used: int, returned: int, now: float) -> None:
+        """The session's running totals of slots used and given back. What `returned` adds to the last total
+        cancels late slots first (voided: released then), and releases the rest up to what it still holds."""
         lease = self.lease(key, now)
+        lease.used_told = max(lease.used_told, min(used, lease.granted))
         new = returned - lease.returned_told
         if new <= 0:
             return
         lease.returned_told = returned
-        freed = min(new, max(lease.outstanding, 0))
+        cancelled = min(new, lease.late)
+        lease.late -= cancelled
+        freed = min(new - cancelled, max(lease.outstanding, 0))
         lease.returned += freed
         self.released += freed
 
@@ -135,9 +153,12 @@ class Admission:
         trained or dropped) or not (refused, filtered: its slot is released)."""
         lease = self.lease(key, now)
         lease.heard = max(lease.heard, now)
-        if lease.outstanding > 0:
+        if lease.late > 0:  # its slot was voided on the way: charge it now
+            lease.late -= 1
+            self.started += 1
+        elif lease.outstanding > 0:
             lease.covered += 1
-        else:  # no slot to settle (voided, or never asked for): charge it now
+        else:  # no slot to settle (never asked for): charge it now
             self.started += 1
         if not kept:
             self.released += 1
@@ -160,6 +181,9 @@ class Admission:
 
     def _void(self, lease: Lease) -> int:
         n = max(lease.outstanding, 0)
+        unused = min(max(lease.granted - lease.used_told - lease.voided_unused, 0), n)
+        lease.voided_unused += unused
+        lease.late += n - unused
         lease.voided += n
         self.released += n
         self.voided_total += n

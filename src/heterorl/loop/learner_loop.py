@@ -257,7 +257,7 @@ class LearnerLoop:
                         self.figures.accepted(upload.sampler)
             verdicts.append(GroupVerdict(verdict.outcome, verdict.group_id, verdict.detail))
         with self.intake.cond:
-            self.admission.give_back(key, upload.returned, now)
+            self.admission.reported(key, upload.used, upload.returned, now)
             self.admission.expire(now)
             if not self.admission.enabled:  # nothing to bound: everything asked for is granted
                 lease = self.admission.lease(key, now)
@@ -268,7 +268,7 @@ class LearnerLoop:
                 lease = self.admission.lease(key, now)
             short = lease.granted < upload.wanted
         later = any(v.outcome in ("busy", "disk_full") for v in verdicts)  # sent again: after a wait
-        fields = {"verdicts": tuple(verdicts), "granted": lease.granted, "voided": lease.voided}
+        fields = {"verdicts": tuple(verdicts), "granted": lease.granted, "voided": lease.voided_unused}
         return self._reply(upload, short=short or later, **fields)
 
     def heard(

@@ -7,7 +7,7 @@ weight updates it could not apply), and the fingerprint of the settings it must 
 learner answers each with a `Reply`: one verdict per group, its admission figures for the session, the newest
 published version, whether the run is finished.
 
-Every count an upload or a reply carries is a running total of the session (`wanted`, `returned`; `granted`,
+Every count an upload or a reply carries is a running total of the session (`wanted`, `used`, `returned`; `granted`,
 `voided`), never a delta. So an upload that is retried after a lost answer, or overtaken by a later one (several
 are in flight at once), changes nothing twice: the learner applies what a total adds to what it already knew,
 and a sampler keeps the largest total it has been told. Groups are de-duplicated by id, so re-sending the same
@@ -28,7 +28,8 @@ class Upload:
     seq: int  # this session's upload number, from 0; a retry repeats it (and its bytes)
     version: int  # the weight version its engine generates with (-1: none yet)
     wanted: int = 0  # admission slots the session would like granted, in all (running total)
-    returned: int = 0  # slots it gives back, in all: granted slots it will never use (running total)
+    used: int = 0  # granted slots it has generated on, in all (running total)
+    returned: int = 0  # used slots whose groups will never be delivered, in all (running total)
     idle: float | None = None  # share of its uptime not spent generating, as it measured it
     weights_failed: int = 0  # weight updates it could not apply (corrupt, wrong base), in all
     groups: tuple[bytes, ...] = ()  # encoded rollout groups (`rollout_codec.encode_group`)
@@ -56,7 +57,7 @@ class Reply:
     seq: int  # the upload it answers
     verdicts: tuple[GroupVerdict, ...] = ()  # one per group of the upload, in order
     granted: int = 0  # admission slots granted to the session, in all (running total)
-    voided: int = 0  # granted slots the learner took back (the session went silent past its lease), in all
+    voided: int = 0  # unused slots the learner took back (the session went silent past its lease), in all
     version: int = -1  # the newest version the learner has published
     finished: bool = False  # the run is over: stop
     retry_after: float = 0.0  # nothing more could be granted: ask again after this many seconds

@@ -19,9 +19,10 @@ Rules (the only place they are written):
 - Admission (async, with `cluster.eta` or `cluster.max_queued_steps`): a chunk uses slots the learner granted; a
   partial grant starts a smaller chunk. The session asks ahead (its running total `wanted`) for enough slots to
   keep generating for one round trip, sized from the round trip and generation speed the driver observes; when
-  the learner grants nothing it asks again after the reply's `retry_after`. It gives back (`returned`) the slot
-  of every group it will not deliver: one that became too stale for the learner's window before it was sent, one
-  whose upload could not be delivered at all.
+  the learner grants nothing it asks again after the reply's `retry_after`. It holds granted - used - voided
+  slots (`voided`: unused slots the learner took back when its lease ran out), reports `used`, and gives back
+  (`returned`) the used slot of every group it will not deliver: one that became too stale for the learner's
+  window before it was sent, one whose upload could not be delivered at all.
 - Sync mode: its even share of each version's batch once the version arrived, generating again every group the
   learner did not keep (refused, filtered, undeliverable), so the learner always gets a full batch.
 - Sending: up to `window` uploads in flight, each with up to `max_groups` groups of the outbox, oldest first; an
@@ -287,8 +288,9 @@ class SamplerSession:
 
     @property
     def available(self) -> int:
-        """Granted slots not used, given back or voided."""
-        return self.granted - self.voided - self.used - self.returned
+        """Granted slots neither used nor voided (a returned slot was used: giving it back frees the learner's
+        budget, not one of this session's slots)."""
+        return self.granted - self.voided - self.used
 
     def _sends(self) -> list[Action]:
         self._drop_stale()
@@ -306,18 +308,19 @@ class SamplerSession:
     def _needs_slots(self) -> bool:
         """True when the slots held and asked for fall short of what keeps generation going, and no upload in
         flight already asks for them."""
-        target = self.used + self.returned + self.voided + self.ask_ahead
+        target = self.used + self.voided + self.ask_ahead
         return target > self.granted and target > max((u.wanted for u in self.in_flight.values()), default=0)
 
     def _upload(self, items: list[Outgoing]) -> Upload:
         if self.admission:
-            self.wanted = max(self.wanted, self.used + self.returned + self.voided + self.ask_ahead)
+            self.wanted = max(self.wanted, self.used + self.voided + self.ask_ahead)
         upload = Upload(
             sampler=self.name,
             session=self.session_id,
             seq=self.seq,
             version=self.newest if self.newest >= 0 else -1,
             wanted=self.wanted,
+            used=self.used,
             returned=self.returned,
             idle=self.idle,
             weights_failed=self.weights_failed,

@@ -2,7 +2,7 @@
 simulated link (which sends these bytes, so their size is what a live link would carry).
 
     upload: magic b"HRU1" | u32 header length | JSON header | the groups' bytes, back to back
-            header: sampler, session, seq, version, wanted, returned, idle, failed, sizes [n], digests [n],
+            header: sampler, session, seq, version, wanted, used, returned, idle, failed, sizes [n], digests [n],
                     fingerprint {setting: hash}
     reply:  magic b"HRR1" | u32 header length | JSON header (no body)
             header: seq, verdicts [[outcome, group_id, detail]], granted, voided, version, finished,
@@ -47,6 +47,7 @@ def encode_upload(upload: Upload) -> bytes:
         "seq": upload.seq,
         "version": upload.version,
         "wanted": upload.wanted,
+        "used": upload.used,
         "returned": upload.returned,
         "idle": upload.idle,
         "failed": upload.weights_failed,
@@ -65,6 +66,7 @@ def decode_upload(data: bytes, max_groups: int = MAX_GROUPS) -> Upload:
     seq = non_negative_int(header, "seq", WireError)
     version = _int(header, "version", -1)
     wanted = non_negative_int(header, "wanted", WireError)
+    used = non_negative_int(header, "used", WireError)
     returned = non_negative_int(header, "returned", WireError)
     failed = non_negative_int(header, "failed", WireError)
     idle = header.get("idle")
@@ -97,6 +99,7 @@ def decode_upload(data: bytes, max_groups: int = MAX_GROUPS) -> Upload:
         seq=seq,
         version=version,
         wanted=wanted,
+        used=used,
         returned=returned,
         idle=None if idle is None else float(idle),
         weights_failed=failed,
