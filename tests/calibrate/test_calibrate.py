@@ -20,6 +20,7 @@ SPEED = 100.0  # sampler a: tokens per second
 WEIGHTS_DELAY, WEIGHTS_MBPS = 0.2, 2.0  # from the version's commit (the encode takes ENCODE_S of it)
 ROLLOUT_DELAY, ROLLOUT_MBPS = 0.3, 1.0
 ENCODE_S, APPLY_S = 0.1, 0.01
+HANDLED_S_PER_GROUP = 0.05  # the learner's seconds on an upload, per group: in the round trip, not the link
 CLOCK_ZERO, START_DELAY = 998.0, 5.0
 
 
@@ -56,9 +57,11 @@ def known_run(root: Path) -> Path:
     for tokens, busy in [(10, 1.0), (100, 1.0), (200, 2.0), (300, 3.0)]:  # the first chunk is warm-up (left out)
         a.append({"event": "generated", "t": 1020.0, "n": 2, "seconds": busy, "tokens": tokens, "busy": busy, **ctx})
     back = WEIGHTS_DELAY - ENCODE_S  # a reply's way back: the weights direction's delay without the encode
-    for nbytes in [0, 2000, 8000, 16_000]:
-        rtt = ROLLOUT_DELAY + nbytes * 8 / (ROLLOUT_MBPS * 1e6) + back
-        a.append({"event": "replied", "t": 1030.0, "seq": 1, "groups": 2, "bytes": nbytes, "rtt": rtt, **ctx})
+    for groups, nbytes in [(0, 0), (1, 2000), (4, 8000), (8, 16_000)]:
+        handled = HANDLED_S_PER_GROUP * groups  # grows with the bytes too: a slower link if it were not taken out
+        rtt = ROLLOUT_DELAY + nbytes * 8 / (ROLLOUT_MBPS * 1e6) + back + handled
+        up = {"event": "replied", "t": 1030.0, "seq": 1, "groups": groups, "bytes": nbytes, "rtt": rtt}
+        a.append({**up, "handled": handled, **ctx})
     _lines(run / "live" / "sampler-0.log", a)
     b = [{"event": "started", "t": CLOCK_ZERO + 1.0, "finished": False, "sampler": "b", "boot": "b2"}]
     _lines(run / "live" / "sampler-1.log", b)

@@ -58,12 +58,14 @@ def test_calibration_recovers_the_emulated_delays_and_the_samplers_speeds(live_r
         assert 0.0 <= sc.start_delay_s < 60.0
         # the speed from the `generated` events agrees with the sampler's own tokens and idle share: its busy time
         # holds the generation seconds and more (applying weights, encoding, scheduling on a loaded machine), so
-        # tokens / busy is a lower bound, and not a far one
+        # tokens / busy is a lower bound, and not a far one. Compared with the speed's 95% interval: a sampler that
+        # sends a few groups has 3-4 chunks of a few milliseconds each, and one run in ten measured 0.87x
         (finished,) = read_events(live_run / "live" / f"sampler-{cal.samplers.index(sc)}.log", "finished")
         (started,) = read_events(live_run / "live" / f"sampler-{cal.samplers.index(sc)}.log", "started")
         busy = (1.0 - finished["idle"]) * (finished["t"] - started["t"])
         assert sc.speed is not None
-        assert 0.9 <= sc.speed.value / (finished["tokens"] / busy) <= 3.0, sc.name
+        assert sc.speed.high >= 0.9 * finished["tokens"] / busy, sc.name
+        assert sc.speed.low <= 3.0 * finished["tokens"] / busy, sc.name
     # the learner's cost line reproduces the seconds its steps took (tiny steps: the intercept may fit to 0)
     assert cal.learner is not None
     steps = read_events(live_run / "live" / "learner.log", "trained")

@@ -7,8 +7,10 @@
 - a link's weights direction: the arrival of each update the sampler was waiting for (`weights` event time minus
   its `apply_s`) after the learner committed the version (`published` time minus its encode `seconds`: the
   simulator publishes when a step ends) = delay + bytes * 8 / rate, fitted on the update's bytes;
-- its rollout direction: each upload's round trip (`replied`: rtt, bytes) = rollout delay + bytes * 8 / rate + the
-  reply's way back (the weights direction's delay measured from the `published` time, without the encode);
+- its rollout direction: each upload's round trip (`replied`: rtt, bytes) less the seconds the learner spent on it
+  (`handled`: decoding, screening, journaling the groups; a per-group cost that would otherwise read as a slow
+  link) = rollout delay + bytes * 8 / rate + the reply's way back (the weights direction's delay measured from the
+  `published` time, without the encode);
 - start-up: each sampler's first `started` after the learner's clock began (`listening` time minus `elapsed`).
 
 The first item of each series (a sampler's first chunk, the learner's first step) is left out when there are more
@@ -148,8 +150,8 @@ def link_calibration(cal: SamplerCalibration, log: SamplerLog, published: dict[i
         notes.append(f"{cal.name}: no weight update arrived while it waited: its weights delay is not measured")
     uploads = [e for e in log.of("replied") if "rtt" in e]
     if uploads:
-        rtts = [float(e["rtt"]) for e in uploads]
-        cal.rtt = mean_estimate(rtts)
+        cal.rtt = mean_estimate([float(e["rtt"]) for e in uploads])
+        rtts = [max(float(e["rtt"]) - float(e.get("handled", 0.0)), 0.0) for e in uploads]
         rollout = link_direction([float(e["bytes"]) for e in uploads], rtts)
         if back is None:
             back = _median(rollout.delays) / 2.0

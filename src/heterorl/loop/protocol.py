@@ -64,3 +64,4 @@ class Reply:
     refused: str = ""  # the whole upload was refused (a reason from `loop.intake`): nothing in it was taken
     detail: str = field(default="", compare=False)
     learner: str = ""  # the learner process's boot id: another one (a restarted learner) forgot the slots it granted
+    handled: float = 0.0  # seconds the learner's clock spent on the upload: the part of a round trip not on the link

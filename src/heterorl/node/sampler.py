@@ -178,7 +178,14 @@ class SamplerNode:
                 rtt = self.runtime.now() - sent
                 self._rtt_hint(rtt=rtt)
                 nbytes = sum(len(g) for g in upload.groups)  # the groups' encoded bytes (the upload adds a header)
-                self.emit("replied", seq=upload.seq, groups=len(upload.groups), bytes=nbytes, rtt=round(rtt, 4))
+                self.emit(
+                    "replied",
+                    seq=upload.seq,
+                    groups=len(upload.groups),
+                    bytes=nbytes,
+                    rtt=round(rtt, 4),
+                    handled=round(reply.handled, 4),
+                )
             self.session.replied(upload.seq, reply)
             for verdict in reply.verdicts:
                 self.emit("pushed", group_id=verdict.group_id, outcome=verdict.outcome)

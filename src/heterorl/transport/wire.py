@@ -6,7 +6,7 @@ simulated link (which sends these bytes, so their size is what a live link would
                     fingerprint {setting: hash}
     reply:  magic b"HRR1" | u32 header length | JSON header (no body)
             header: seq, verdicts [[outcome, group_id, detail]], granted, voided, version, finished,
-                    retry_after, refused, detail, learner
+                    retry_after, refused, detail, learner, handled
 
 Both come from peers that may be buggy or hostile: `decode_upload` and `decode_reply` check every field's type
 and bound, and raise `WireError` (a ValueError) with what is wrong, never anything else.
@@ -14,7 +14,6 @@ and bound, and raise `WireError` (a ValueError) with what is wrong, never anythi
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any
 
@@ -121,6 +120,7 @@ def encode_reply(reply: Reply) -> bytes:
         "refused": reply.refused,
         "detail": reply.detail,
         "learner": reply.learner,
+        "handled": reply.handled,
     }
     return frame(REPLY_MAGIC, header)
 
@@ -148,15 +148,14 @@ def decode_reply(data: bytes, expected_groups: int | None = None) -> Reply:
         raise WireError("refused must be a reason name")
     if expected_groups is not None and not refused and len(verdicts) != expected_groups:
         raise WireError(f"{len(verdicts)} verdicts for {expected_groups} groups")
-    retry = header.get("retry_after", 0.0)
-    if isinstance(retry, bool) or not isinstance(retry, int | float) or not 0.0 <= retry <= 3600.0:
-        raise WireError("retry_after must be seconds in [0, 3600]")
+    retry = _seconds(header, "retry_after")
     finished = header.get("finished", False)
     if not isinstance(finished, bool):
         raise WireError("finished must be true or false")
     learner = header.get("learner", "")
     if not isinstance(learner, str) or (learner and not SESSION.match(learner)):
         raise WireError("learner must be a boot id")
+    handled = _seconds(header, "handled")
     return Reply(
         seq=non_negative_int(header, "seq", WireError),
         verdicts=tuple(verdicts),
@@ -164,11 +163,20 @@ def decode_reply(data: bytes, expected_groups: int | None = None) -> Reply:
         voided=non_negative_int(header, "voided", WireError),
         version=_int(header, "version", -1),
         finished=finished,
-        retry_after=float(retry) if math.isfinite(retry) else 0.0,
+        retry_after=retry,
         refused=refused,
         detail=_text(header.get("detail", "")),
         learner=learner,
+        handled=handled,
     )
+
+
+def _seconds(header: dict[str, Any], key: str, most: float = 3600.0) -> float:
+    """A finite duration in [0, most] seconds (0 when absent)."""
+    value = header.get(key, 0.0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= most:
+        raise WireError(f"{key} must be seconds in [0, {most:g}]")
+    return float(value)
 
 
 def _int(header: dict[str, Any], key: str, low: int) -> int:
