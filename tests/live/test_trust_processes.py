@@ -43,12 +43,14 @@ def test_samplers_with_their_own_tokens_apply_only_signed_weights_and_a_revoked_
     address = run / "live" / "learner.json"
     procs = processes
     learner = procs.start("learner", "learner", str(config), "--listen", "127.0.0.1:0", "--run-dir", str(run))
-    for i, name in enumerate(("a", "b")):
+    for i, name in reversed(list(enumerate(("a", "b")))):  # b first: it must hold weights before its revocation
         procs.env = {**procs.env, "HETERORL_TOKEN": str(tokens[name])}  # each sampler its own token
         procs.start(name, "sampler", str(config), "--connect-file", str(address), "--index", str(i))
     wait_until(address.is_file, procs, 120, "the learner to listen")
     url = json.loads(address.read_text())["url"]
-    wait_until(lambda: status(url).get("steps", 0) >= 2, procs, 180, "two steps")
+    # two steps, and b has weights (on a loaded machine a could make both steps before b's first update)
+    two_steps_and_b_updated = lambda: status(url).get("steps", 0) >= 2 and read_events(procs.log("b"), "weights")  # noqa: E731
+    wait_until(two_steps_and_b_updated, procs, 180, "two steps and b's first weights")
 
     revoke_sampler(credentials, "b")  # no restart, no signal
     b = procs.procs["b"]

@@ -78,6 +78,13 @@ class StoreConfig(Strict):
     max_manifest_bytes: int = Field(
         2**20, ge=4096, le=2**28, description="Largest manifest a sampler reads (anything larger is refused)."
     )
+    intake_workers: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="Sampler sessions whose uploads the learner reads, answers and deletes at once (each session's "
+        "in order); live only: the simulated store takes no time for them.",
+    )
     timeout_s: float = Field(30.0, gt=0.0, le=3600.0, description="Connect/read timeout of one store request.")
 
     @field_validator("url")

@@ -12,6 +12,8 @@ import random
 import shutil
 import socket
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -189,3 +191,55 @@ def test_a_learner_crash_between_journal_and_answer_queues_the_group_once(
     assert objects.list("up/") == []
     again.loop.intake.journal.close()
     again.loop.publisher.close()
+
+
+class SlowReads:
+    """The store behind it, each GET taking `seconds` (a store across a link): counts how many run at once."""
+
+    def __init__(self, objects, seconds: float) -> None:
+        self.objects, self.seconds = objects, seconds
+        self.running = self.most = 0
+        self.lock = threading.Lock()
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(self.seconds)
+            return self.objects.get(key, max_bytes)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+    def __getattr__(self, name: str):
+        return getattr(self.objects, name)
+
+
+@pytest.mark.usefixtures("varied_reward")
+def test_workers_serve_sessions_at_once_each_in_order_with_the_serial_verdicts(
+    tmp_path: Path, tiny_model_dir: Path, store_overrides: list[str]
+) -> None:
+    live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *ROLLOUTS, *store_overrides, "learner.steps=2")
+    objects = opened(live)
+    groups = [encode_group(g) for g in sample_groups(live, tiny_model_dir, 6)]
+    slow = SlowReads(objects, 0.2)
+    cfg = live.cfg
+    intake = StoreIntake(slow, live.loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload, workers=3)  # type: ignore[arg-type]
+    sessions = ("s0", "s1", "s2")
+    for i, session in enumerate(sessions):
+        put_upload(objects, live, [groups[2 * i]], 0, session)
+        put_upload(objects, live, [groups[2 * i + 1], groups[2 * i]], 1, session)  # the second group again
+    started = time.monotonic()
+    assert intake.poll() == 6
+    took = time.monotonic() - started
+    intake.close()
+    assert slow.most == 3  # the three sessions at once
+    assert took < 6 * 0.2  # less than one GET after another
+    for session in sessions:  # each session in order: its repeated group is the duplicate in its second upload
+        assert (outcomes(objects, 0, session), outcomes(objects, 1, session)) == (
+            ["accepted"],
+            ["accepted", "duplicate"],
+        )
+    assert dict(intake.counts) == {"answered": 6}
+    assert objects.list("up/") == []

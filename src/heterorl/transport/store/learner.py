@@ -58,7 +58,12 @@ class StoreLearnerSide:
         if cfg.transport.rollouts == "store":
             credentials = None if cfg.trust.credentials is None else CredentialRegistry(cfg.trust.credentials)
             self.intake = StoreIntake(
-                objects, loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload, credentials
+                objects,
+                loop,
+                cfg.live.max_body_bytes,
+                cfg.cluster.groups_per_upload,
+                credentials,
+                workers=store_cfg.intake_workers,
             )
         self.cadence = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds)
         self._heartbeats: dict[str, Any] = {}
@@ -124,3 +129,5 @@ class StoreLearnerSide:
             self._thread.join(timeout=self.cfg.live.patience_s + 60)
         if self.publisher is not None:
             self.publisher.close()
+        if self.intake is not None:
+            self.intake.close()
