@@ -8,7 +8,7 @@ A, B2 = ("a", "s1"), ("b", "s1")
 
 
 def test_a_grant_is_partial_and_bounded_by_eta_backpressure_and_fairness() -> None:
-    adm = Admission(eta=1, groups_per_step=4, max_queued_steps=None, per_sampler=6, lease_s=10.0)
+    adm = Admission(eta=1, groups_per_step=4, max_queued_steps=None, per_sampler=(6, 6), lease_s=10.0)
     # eta: in_budget + k <= (eta + v + 1) * B = (1 + 0 + 1) * 4 = 8 at version 0
     assert adm.grant(A, wanted=6, version=0, now=0.0, dropped=0).granted == 6  # fairness caps a's share at 6
     assert adm.grant(B2, wanted=6, version=0, now=0.0, dropped=0).granted == 2  # 8 - 6: a partial grant
@@ -58,7 +58,7 @@ def test_a_session_that_delivers_nothing_loses_its_slots_after_its_lease_and_is_
 
 
 def test_one_sampler_cannot_hold_more_than_its_bound_whatever_its_sessions() -> None:
-    adm = Admission(eta=None, groups_per_step=4, max_queued_steps=4, per_sampler=5, lease_s=10.0)
+    adm = Admission(eta=None, groups_per_step=4, max_queued_steps=4, per_sampler=(5, 5), lease_s=10.0)
     for i in range(3):
         adm.grant(("a", f"s{i}"), 5, 0, 0.0, 0)
     assert adm.outstanding("a") == 5
@@ -88,3 +88,21 @@ def test_a_void_tells_unused_slots_from_late_ones_so_the_session_and_the_learner
     adm.arrived(A, kept=True, now=13.5)
     # every group it generated is queued, nothing is held by either side: nothing leaked into the budget
     assert (lease.late, lease.outstanding, adm.pending(0)) == (0, 0, 5)
+
+
+def test_beyond_its_share_a_sampler_gets_only_room_nobody_else_asks_for() -> None:
+    # capacity 4 x 4 = 16, share 6, ceiling 12 (all but one batch)
+    adm = Admission(eta=None, groups_per_step=4, max_queued_steps=4, per_sampler=(6, 12), lease_s=10.0)
+    assert adm.grant(A, 20, 0, 0.0, 0).granted == 12  # alone in asking: up to the ceiling, not only its share
+    assert adm.grant(B2, 3, 0, 0.0, 0).granted == 3  # 15 of 16 granted
+    adm.consumed(4)  # a step: room for 5
+    adm.reported(A, used=12, returned=0, now=1.0)
+    for _ in range(12):
+        adm.arrived(A, kept=True, now=1.0)  # a's groups are queued: it holds no slot, and still asks for 8
+    # b asks for 6 more: its share gives it 3; the 2 beyond are kept for a's unmet request (up to a's share)
+    assert adm.grant(B2, 9, 0, 1.0, 0).granted == 6
+    assert adm.grant(A, 20, 0, 1.0, 0).granted == 14  # the room left
+    adm.consumed(8)  # two steps: room for 8
+    # a asks for 6 more: 4 within its share, 2 beyond it, since b holds its whole share and can be given no more
+    assert adm.grant(A, 20, 0, 2.0, 0).granted == 20
+    assert adm.grant(B2, 9, 0, 2.0, 0).granted == 8  # the 2 slots of room left, beyond b's share: nobody else asks

@@ -79,7 +79,8 @@ class ClusterConfig(Strict):
         ge=1,
         le=1_000_000,
         description="Admission slots one sampler may hold at once (granted, group not arrived); None: its even share "
-        "of the capacity plus one chunk, so no sampler can take the whole budget.",
+        "of the capacity plus one chunk at any time, and up to all of the capacity but one batch out of room no other "
+        "sampler is asking for, so no sampler can take the whole budget and none idles the learner.",
     )
     grant_retry_seconds: float = Field(
         1.0, gt=0.0, le=600.0, description="A sampler granted fewer slots than it asked for asks again after this long."

@@ -7,12 +7,16 @@ the moment it is granted until its group is trained, dropped by the staleness wi
     eta (AReaL):    in_budget + k <= (eta + v + 1) * B     v: the version the session generates with (checked by
                                                             the caller against what was published)
     backpressure:   pending + k <= max_queued_steps * B    pending = in_budget - trained (queued or in flight)
-    fairness:       outstanding(name) + k <= per_sampler   outstanding: granted to that sampler, not arrived yet
+    fairness:       outstanding(name) + k <= share         outstanding: granted to that sampler, not arrived yet
+                    or, beyond its share, <= ceiling        with k <= room - what the others ask for (work-conserving)
 
 with in_budget = started - released - dropped and B = groups per learner step. A grant is partial: a session
 asking for n slots gets as many as the bounds allow (maybe 0), so a budget with room for fewer groups than a
 chunk never deadlocks. The fairness bound keeps one client (or one that asks for slots it never uses) from taking
-the whole budget.
+the whole budget: each sampler may hold its share at any time; beyond it, only room that no other sampler is
+asking for (each other sampler's unmet request, up to its own share, is kept for it), and never more than the
+ceiling (the capacity less one batch). A sampler that is alone in asking (the others are slow, or far) thus keeps
+its round trip's worth of groups in flight instead of idling the learner.
 
 A group that reaches the learner settles one outstanding slot of its session; a refused or filtered one releases
 it at once (the sampler generates another). A session reports how many slots it has used (generated on) and gives
@@ -50,6 +54,7 @@ class Lease:
 
     heard: float  # the driver's clock when the session last delivered a group or was granted a slot
     granted: int = 0
+    wanted: int = 0  # the largest `wanted` total it has asked for
     covered: int = 0  # groups that arrived on one of its slots
     returned: int = 0  # slots it gave back that were still outstanding
     returned_told: int = 0  # the largest `returned` total it has reported
@@ -72,11 +77,12 @@ class Admission:
         eta: int | None,
         groups_per_step: int,
         max_queued_steps: int | None,
-        per_sampler: int | None,
+        per_sampler: tuple[int, int] | None,
         lease_s: float,
     ) -> None:
         self.eta, self.B, self.max_queued_steps = eta, groups_per_step, max_queued_steps
-        self.per_sampler, self.lease_s = per_sampler, lease_s
+        self.share, self.ceiling = per_sampler if per_sampler is not None else (None, None)
+        self.lease_s = lease_s
         self.started = 0  # slots granted, plus groups charged on arrival
         self.released = 0  # of those, known never to reach training (refused, filtered, returned, voided)
         self.trained = 0
@@ -99,6 +105,15 @@ class Admission:
     def outstanding(self, sampler: str) -> int:
         return sum(max(lease.outstanding, 0) for (name, _), lease in self.leases.items() if name == sampler)
 
+    def asked_by_others(self, sampler: str) -> int:
+        """Slots the other samplers asked for and were not granted, each up to what its share would still give."""
+        unmet: dict[str, int] = defaultdict(int)
+        for (name, _), lease in self.leases.items():
+            if name != sampler:
+                unmet[name] += max(lease.wanted - lease.granted, 0)
+        assert self.share is not None
+        return sum(min(n, max(self.share - self.outstanding(name), 0)) for name, n in unmet.items())
+
     # ------------------------------------------------------------------ a session's requests
     def lease(self, key: SessionKey, now: float) -> Lease:
         """The session's lease, opened (from `now`) if new. A sampler keeps at most `MAX_SESSIONS` leases (a
@@ -115,16 +130,22 @@ class Admission:
         """Grant the session what it asks beyond what it was granted (`wanted` is its running total), as far as
         the bounds allow; returns its lease (its `granted` total is the answer)."""
         lease = self.lease(key, now)
+        lease.wanted = max(lease.wanted, wanted)
         asked = wanted - lease.granted
         if asked <= 0:
             return lease
-        k = asked
+        room = asked
         if self.eta is not None:
-            k = min(k, (self.eta + version + 1) * self.B - self.in_budget(dropped))
+            room = min(room, (self.eta + version + 1) * self.B - self.in_budget(dropped))
         if self.max_queued_steps is not None:
-            k = min(k, self.max_queued_steps * self.B - self.pending(dropped))
-        if self.per_sampler is not None:
-            k = min(k, self.per_sampler - self.outstanding(key[0]))
+            room = min(room, self.max_queued_steps * self.B - self.pending(dropped))
+        k = room
+        if self.share is not None and self.ceiling is not None:
+            held = self.outstanding(key[0])
+            fair = self.share - held
+            if k > fair:  # beyond its share: room nobody else is asking for, up to the ceiling
+                fair = max(fair, min(self.ceiling - held, room - self.asked_by_others(key[0])))
+            k = min(k, fair)
         k = max(k, 0)
         lease.granted += k
         self.started += k
@@ -180,6 +201,7 @@ class Admission:
         return sum(self._void(lease) for (name, _), lease in self.leases.items() if name == sampler)
 
     def _void(self, lease: Lease) -> int:
+        lease.wanted = lease.granted  # a silent session asks for nothing any more
         n = max(lease.outstanding, 0)
         unused = min(max(lease.granted - lease.used_told - lease.voided_unused, 0), n)
         lease.voided_unused += unused

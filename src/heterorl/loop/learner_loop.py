@@ -67,21 +67,26 @@ from heterorl.weights import Published
 FOLLOW_UPS = ("duplicate", "busy", "finished")  # answers to a group that is not its first arrival at the intake
 
 
-def per_sampler_slots(cfg: RunConfig) -> int | None:
-    """The fairness bound of admission: `cluster.max_slots_per_sampler`, or by default a sampler's even share of
-    the capacity plus one chunk (so one fast sampler can run ahead a little), and with several samplers never so
-    much that the others could not fill a batch while one holds all it may (capacity - B, when there is room)."""
+def per_sampler_slots(cfg: RunConfig) -> tuple[int, int] | None:
+    """The fairness bounds of admission, (share, ceiling): a sampler may hold its share at any time, and up to the
+    ceiling out of capacity no other sampler is asking for. `cluster.max_slots_per_sampler` sets both; by default
+    the share is an even share of the capacity plus one chunk (so one fast sampler can run ahead a little), and
+    the ceiling all of it but one batch (capacity - B, when there is room): the others can always fill a batch. A
+    fast sampler behind a long round trip needs about its groups per second x the round trip in flight; on the WAN
+    lab through a store (~0.5 s) the even share alone held the near sampler to ~40 groups/s with the learner idle
+    65%."""
     cc, B = cfg.cluster, cfg.learner.groups_per_step
     if cc.max_slots_per_sampler is not None:
-        return cc.max_slots_per_sampler
+        return cc.max_slots_per_sampler, cc.max_slots_per_sampler
     caps = [k * B for k in (cc.max_queued_steps, None if cc.eta is None else cc.eta + 1) if k is not None]
     if not caps:
         return None
     capacity, n = min(caps), len(cc.samplers)
     if n == 1:
-        return capacity
-    share = math.ceil(capacity / n) + math.ceil(B / n)
-    return max(1, min(share, capacity - B if capacity > B else capacity - 1))
+        return capacity, capacity
+    ceiling = max(1, capacity - B if capacity > B else capacity - 1)
+    share = min(math.ceil(capacity / n) + math.ceil(B / n), ceiling)
+    return share, ceiling
 
 
 class TrainingDivergedError(RuntimeError):
