@@ -227,7 +227,8 @@ def live_run(label: str, case: str, out: Path, args: argparse.Namespace) -> dict
 
 def measured_config(live: dict[str, Any]) -> dict[str, Any]:
     """The live run's config for the simulator with what that run measured: each sampler's generation speed and
-    start time, the learner's busy seconds per step (no per-token part: a step's tokens vary little here)."""
+    start time, the learner's busy seconds per step (no per-token part: a step's tokens vary little here) and its
+    intake's seconds per uploaded group (the replies' `handled`)."""
     cfg = copy.deepcopy(live["config"])
     cfg["live"]["wan_lab"] = False
     speeds = [s["tokens_per_s"] for s in live["samplers"].values() if s["tokens_per_s"]]
@@ -237,6 +238,8 @@ def measured_config(live: dict[str, Any]) -> dict[str, Any]:
         s["start_delay_s"] = round(max(got["started_s"] or 0.0, 0.0), 3)
     cfg["cluster"]["learner_step_seconds"] = live["learner_step_seconds"]
     cfg["cluster"]["learner_seconds_per_token"] = 0.0
+    if cfg.get("transport", {}).get("rollouts", "http") != "store":
+        cfg["cluster"]["learner_seconds_per_group"] = round(live.get("intake_s_per_group", 0.0), 6)
     return cfg
 
 

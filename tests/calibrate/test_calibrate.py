@@ -95,10 +95,13 @@ def test_known_speeds_costs_and_delays_come_back_exactly(tmp_path: Path) -> None
     assert b.start_delay_s == pytest.approx(1.0)
     assert any("b: no upload round trips" in note for note in cal.notes)
     assert cal.live == {"tokens_per_clock_second": 50.0, "learner_idle": 0.5}
+    assert cal.intake is not None
+    assert cal.intake.value == pytest.approx(HANDLED_S_PER_GROUP)
 
     written = RunConfig.model_validate(yaml.safe_load(path.read_text()))
     assert written.cluster.learner_step_seconds == pytest.approx(STEP_S)
     assert written.cluster.learner_seconds_per_token == pytest.approx(PER_TOKEN_S)
+    assert written.cluster.learner_seconds_per_group == pytest.approx(HANDLED_S_PER_GROUP)
     node_a, node_b = written.cluster.samplers
     assert node_a.tokens_per_second == pytest.approx(SPEED)
     assert node_a.start_delay_s == pytest.approx(START_DELAY)

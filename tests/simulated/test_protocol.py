@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import capture_records, tiny_config
+from heterorl.config import ConfigError
 from heterorl.loop.protocol import Upload
 from heterorl.simulated.run import build_simulated
 from transport.test_service import REWARD, varied_reward  # noqa: F401 (a fixture)
@@ -130,3 +131,25 @@ def test_leases_voided_while_groups_are_on_their_way_do_not_leak_slots(tmp_path:
         s = node.session
         held = admission.outstanding(f"sampler-{i}")
         assert held <= max(s.wanted, s.granted) - s.used - s.voided + s.unanswered, f"sampler-{i}"
+
+
+def test_the_learners_intake_cost_delays_replies_one_upload_at_a_time(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`cluster.learner_seconds_per_group`: the simulated learner answers an upload after its intake spent that
+    long on each of its groups, uploads one after another (the live intake's lock), so a round trip holds it."""
+    rtts = {}
+    for cost in (0.0, 0.5):
+        overrides = two(f"cluster.learner_seconds_per_group={cost}")
+        cluster, records = build(tmp_path / str(cost), tiny_model_dir, *overrides)
+        lines: list[dict] = []
+        cluster.nodes[0].node.emit = lambda event, _lines=lines, **fields: _lines.append({"event": event, **fields})
+        cluster.run()
+        assert len(records) == 8
+        replied = [e for e in lines if e["event"] == "replied" and e["groups"]]
+        rtts[cost] = min(e["rtt"] - 0.5 * e["groups"] for e in replied), min(e["rtt"] for e in replied)
+    # with the cost, every round trip is at least the groups' intake longer than the fastest one without it
+    assert rtts[0.5][0] >= rtts[0.0][1] - 1e-9
+
+
+def test_an_intake_cost_is_refused_for_rollouts_through_the_simulated_store(tmp_path: Path, tiny_model_dir: Path):
+    with pytest.raises(ConfigError, match="learner_seconds_per_group"):
+        build(tmp_path, tiny_model_dir, *two("cluster.learner_seconds_per_group=0.1", "transport.rollouts=store"))

@@ -11,7 +11,9 @@
   (`handled`: decoding, screening, journaling the groups; a per-group cost that would otherwise read as a slow
   link) = rollout delay + bytes * 8 / rate + the reply's way back (the weights direction's delay measured from the
   `published` time, without the encode);
-- start-up: each sampler's first `started` after the learner's clock began (`listening` time minus `elapsed`).
+- start-up: each sampler's first `started` after the learner's clock began (`listening` time minus `elapsed`);
+- the learner's intake per group: the `handled` seconds of every upload with groups over their groups (all
+  samplers together), as the simulator charges it (`cluster.learner_seconds_per_group`, rollouts over links).
 
 The first item of each series (a sampler's first chunk, the learner's first step) is left out when there are more
 than `WARMUP_KEEP_FROM` items: it carries one-time costs (lazy initialisation) a long run amortises.
@@ -61,6 +63,7 @@ class Calibration:
     samplers: list[SamplerCalibration]
     notes: list[str] = field(default_factory=list)
     live: dict[str, Any] = field(default_factory=dict)  # what the live run achieved (its summary's figures)
+    intake: Estimate | None = None  # the learner's seconds per uploaded group
 
 
 def _drop_warmup(items: list[Any]) -> list[Any]:
@@ -82,6 +85,14 @@ def learner_cost(records: RunRecords) -> LineFit | None:
     if not steps:
         return None
     return nonnegative_cost_fit([float(e["tokens"]) for e in steps], [float(e["seconds"]) for e in steps])
+
+
+def intake_cost(records: RunRecords) -> Estimate | None:
+    """Seconds of the learner's intake per uploaded group, from the replies' `handled` (uploads with groups)."""
+    replies = [e for log in records.samplers.values() for e in log.of("replied") if e.get("groups") and "handled" in e]
+    if not replies:
+        return None
+    return ratio_of_sums([float(e["handled"]) for e in replies], [float(e["groups"]) for e in replies])
 
 
 def sampler_speed(log: SamplerLog) -> Estimate | None:
@@ -210,4 +221,4 @@ def calibrate_run(records: RunRecords) -> Calibration:
         samplers.append(cal)
     summary = records.summary or {}
     live = {k: summary[k] for k in ("tokens_per_clock_second", "staleness_mean", "learner_idle") if k in summary}
-    return Calibration(learner, samplers, notes, live)
+    return Calibration(learner, samplers, notes, live, intake_cost(records))

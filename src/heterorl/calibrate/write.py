@@ -4,7 +4,8 @@ What changes in the config, per sampler: `tokens_per_second`, `start_delay_s`, i
 `rollout_delay` (measured one-way delays: `fixed` from one value, `empirical` samples up to 20 values, 21 quantiles
 beyond), each direction's rate where it was measurable (else None: the transfer time is inside the measured
 delays), and `transfer: simple` (the measured delays already hold what TCP cost: handshakes, slow start); a trace is
-dropped (its effect was measured). For the learner: `learner_step_seconds` and `learner_seconds_per_token`. The WAN
+dropped (its effect was measured). For the learner: `learner_step_seconds`, `learner_seconds_per_token` and (rollouts
+over links) `learner_seconds_per_group`. The WAN
 lab and link emulation are switched off: the config is for the simulator. Everything else stays as it ran.
 """
 
@@ -41,6 +42,9 @@ def calibrated_config(config: dict[str, Any], cal: Calibration) -> dict[str, Any
     if cal.learner is not None:
         cluster["learner_step_seconds"] = _sig(cal.learner.intercept.value)
         cluster["learner_seconds_per_token"] = _sig(cal.learner.slope.value)
+    over_links = out.get("transport", {}).get("rollouts", "http") != "store"  # the simulator's store charges none
+    if cal.intake is not None and over_links:
+        cluster["learner_seconds_per_group"] = _sig(cal.intake.value)
     nodes = cluster.setdefault("samplers", [{}])
     for node, sc in zip(nodes, cal.samplers, strict=True):
         if sc.speed is not None:
@@ -104,6 +108,8 @@ def report_lines(cal: Calibration) -> list[str]:
             f"learner: {fmt(fit.intercept, ' s')} per step + {fmt(fit.slope, ' s')} per token "
             f"(residual sd {fit.intercept.spread:.3g} s)"
         )
+    if cal.intake is not None:
+        lines.append(f"learner intake: {fmt(cal.intake, ' s')} per uploaded group")
     for sc in cal.samplers:
         lines.append(f"sampler {sc.name}")
         lines.append(f"  speed        {fmt(sc.speed, ' tokens/s')}")

@@ -42,6 +42,13 @@ class ClusterConfig(Strict):
     learner_seconds_per_token: float = Field(
         0.0, ge=0.0, le=3600.0, description="Extra virtual cost per trained token (s)."
     )
+    learner_seconds_per_group: float = Field(
+        0.0,
+        ge=0.0,
+        le=60.0,
+        description="Virtual cost of the learner's intake per uploaded group (decoding, screening, journaling): the "
+        "simulator answers one upload at a time, each this long per group; `heterorl calibrate` measures it.",
+    )
     learner_uplink_mbps: float | None = Field(
         None,
         gt=0.0,

@@ -158,7 +158,9 @@ class SimSamplerSide:
         attempt()
 
     def _arrive_upload(self, body: bytes, answer: Callable[[bytes], None]) -> None:
-        reply = self.learner.answer_upload(body)
+        self.learner.take_upload(body, lambda reply: self._send_reply(reply, answer))
+
+    def _send_reply(self, reply: bytes, answer: Callable[[bytes], None]) -> None:
         for d in self.replies.send(self.events.now, reply):
             self.events.schedule(d.at, answer, d.payload, label=f"reply -> {self.name}")
 
@@ -223,6 +225,7 @@ class SimLearnerSide:
         self.uplink = SimUplink(cfg.cluster.learner_uplink_mbps)
         self.parked: list[ParkedPull] = []
         self.pending: list[PendingSend] = []
+        self.intake_free = 0.0  # when the intake is done with the uploads it took (virtual seconds)
         self.finished = False
 
     def side(self, index: int, name: str) -> SimSamplerSide:
@@ -233,12 +236,23 @@ class SimLearnerSide:
         return SimSamplerSide(name, link, self, self.events, liveness, cfg.live.patience_s, backoff)
 
     # ------------------------------------------------------------------ uploads
-    def answer_upload(self, body: bytes) -> bytes:
+    def take_upload(self, body: bytes, answer: Callable[[bytes], None]) -> None:
+        """Answer an upload that arrived now: at once, or -- with `cluster.learner_seconds_per_group` -- when the
+        intake, one upload at a time as the live learner's lock has it, spent that long on each of its groups."""
         try:
             upload = decode_upload(body, self.cfg.cluster.groups_per_upload)
         except WireError as err:
             self.loop.intake.reject("malformed", str(err))
-            return encode_reply(Reply(seq=0, refused="malformed", detail=str(err)[:200]))
+            answer(encode_reply(Reply(seq=0, refused="malformed", detail=str(err)[:200])))
+            return
+        cost = self.cfg.cluster.learner_seconds_per_group * len(upload.groups)
+        if cost <= 0.0:
+            answer(self._exchange(upload))
+            return
+        self.intake_free = max(self.events.now, self.intake_free) + cost
+        self.events.schedule(self.intake_free, lambda: answer(self._exchange(upload)), label=f"intake {upload.sampler}")
+
+    def _exchange(self, upload: Upload) -> bytes:
         reply = self.loop.exchange(upload)
         self.on_upload()
         return encode_reply(reply)

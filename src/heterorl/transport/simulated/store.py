@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from heterorl.config import RunConfig
+from heterorl.config import ConfigError, RunConfig
 from heterorl.eventlog import EventLog
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.loop.protocol import Reply, Upload
@@ -68,6 +68,11 @@ class SimStore:
                 on_uploaded=loop.traffic.sent,
             )
             loop.publisher.on_published.append(self.publisher.published)
+        if self.rollouts and cfg.cluster.learner_seconds_per_group > 0.0:
+            raise ConfigError(
+                "cluster.learner_seconds_per_group is modelled for rollouts over links, not through a store: "
+                "set it to 0 with transport.rollouts: store"
+            )
         self.intake = StoreIntake(self.objects, loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload)
         self.lister = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds)
         self.listing = None
