@@ -133,9 +133,9 @@ def test_leases_voided_while_groups_are_on_their_way_do_not_leak_slots(tmp_path:
         assert held <= max(s.wanted, s.granted) - s.used - s.voided + s.unanswered, f"sampler-{i}"
 
 
-def test_the_learners_intake_cost_delays_replies_one_upload_at_a_time(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """`cluster.learner_seconds_per_group`: the simulated learner answers an upload after its intake spent that
-    long on each of its groups, uploads one after another (the live intake's lock), so a round trip holds it."""
+def test_the_learners_intake_cost_delays_replies(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`cluster.learner_seconds_per_group`: the simulated learner answers an upload that long per group in it
+    later, so a round trip holds it (as a live reply's `handled` seconds are in the live round trip)."""
     rtts = {}
     for cost in (0.0, 0.5):
         overrides = two(f"cluster.learner_seconds_per_group={cost}")

@@ -46,8 +46,8 @@ class ClusterConfig(Strict):
         0.0,
         ge=0.0,
         le=60.0,
-        description="Virtual cost of the learner's intake per uploaded group (decoding, screening, journaling): the "
-        "simulator answers one upload at a time, each this long per group; `heterorl calibrate` measures it.",
+        description="Virtual seconds the learner spends on an upload per group in it (decoding, screening, journaling, "
+        "waiting for its intake): the simulator answers an upload that much later; `heterorl calibrate` measures it.",
     )
     learner_uplink_mbps: float | None = Field(
         None,
