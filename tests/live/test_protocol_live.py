@@ -10,6 +10,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import tiny_config
 from heterorl.config import config_to_yaml
 from heterorl.eventlog import read_events
@@ -22,10 +24,14 @@ def test_lost_uploads_and_a_sampler_killed_holding_slots_do_not_stop_the_run(
     processes: Processes,  # noqa: F811
 ) -> None:
     lossy = "{rollout_faults: {drop: 0.3}}"
+    # a's uploads wait 0.5 s in its own process (the emulated link) before they leave: stopped there, they never
+    # land, so the slots they hold stay outstanding (on a quiet machine an undelayed upload landed within the
+    # second the test waits, every time, until the 8 steps were over)
+    slow = "{rollout_delay: {kind: fixed, seconds: 0.5}}"
     cfg = tiny_config(
         tiny_model_dir,
         "task.reward=heterorl_live_proc_reward:length",
-        f"cluster.samplers=[{{name: a}}, {{name: b, link: {lossy}}}]",
+        f"cluster.samplers=[{{name: a, link: {slow}}}, {{name: b, link: {lossy}}}]",
         "cluster.mode=async",
         "cluster.eta=0",  # a version's budget is one batch: slots held by the dead sampler would block it
         "cluster.lease_seconds=3",
@@ -46,6 +52,8 @@ def test_lost_uploads_and_a_sampler_killed_holding_slots_do_not_stop_the_run(
     url = json.loads(address.read_text())["url"]
 
     def a_holds_slots() -> bool:
+        if learner.poll() is not None:
+            pytest.fail("the run ended before sampler a was caught holding slots")
         granted = status(url).get("admission", {}).get("a", {})
         return granted.get("outstanding", 0) > 0
 
