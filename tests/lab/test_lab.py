@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -159,7 +160,8 @@ def test_the_lab_leaves_nothing_behind_after_an_error() -> None:
 
 
 SCRIPT = """
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's stack if the clean-up hangs
 from heterorl.config import LinkConfig
 from heterorl.lab import WanLab
 with WanLab([LinkConfig()]) as lab:
@@ -170,8 +172,12 @@ with WanLab([LinkConfig()]) as lab:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
-def test_a_ctrl_c_cleans_up_and_a_kill_is_cleaned_by_the_next_lab(sig: signal.Signals) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SCRIPT)], stdout=subprocess.PIPE, text=True)
+def test_a_ctrl_c_cleans_up_and_a_kill_is_cleaned_by_the_next_lab(sig: signal.Signals, tmp_path: Path) -> None:
+    stderr = tmp_path / "stderr.log"  # a file, not a pipe: a full pipe would block the script itself
+    with stderr.open("w") as errors:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(SCRIPT)], stdout=subprocess.PIPE, stderr=errors, text=True
+        )
     assert proc.stdout is not None
     names = proc.stdout.readline().split()
     assert len(names) == 2
@@ -182,7 +188,14 @@ def test_a_ctrl_c_cleans_up_and_a_kill_is_cleaned_by_the_next_lab(sig: signal.Si
     ]
     assert sleepers
     proc.send_signal(sig)
-    proc.wait(30)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:  # once in CI after the Ray tier (not reproduced): show where it hangs
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1)
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the lab did not exit within 60 s of signal {sig}; its stacks:\n{stderr.read_text()[-6000:]}")
     if sig == signal.SIGKILL:
         assert set(names) <= set(lab_namespaces())  # killed outright: its namespaces stay ...
         assert sorted(set(remove_stale()) & set(names)) == sorted(names)  # ... until the next lab removes them
