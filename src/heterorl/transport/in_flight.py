@@ -29,6 +29,9 @@ class InFlight:
             if t.exception() is not None:
                 if not self.failed.done():
                     self.failed.set_exception(t.exception())  # type: ignore[arg-type]
+                    # marked as seen: a side that is shutting down (interrupted, finished) never awaits it, and
+                    # asyncio would then print "Future exception was never retrieved" and a traceback to the user
+                    self.failed.exception()
                 return
             done(t.result())
 
