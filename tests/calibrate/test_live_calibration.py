@@ -32,7 +32,7 @@ def live_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
         tiny_model_dir,
         "cluster.mode=async",
         f"cluster.samplers=[{nodes}]",
-        "learner.steps=12",
+        "learner.steps=24",  # sampler a (slower links) needs time to generate at all: at 12 it once made none
         "live.emulate_links=true",
         "weights.codec=pulse",
         "live.poll_seconds=1",
@@ -48,7 +48,9 @@ def test_calibration_recovers_the_emulated_delays_and_the_samplers_speeds(live_r
     for sc in cal.samplers:
         weights_s, rollout_s = DELAYS[sc.name]
         assert sc.rollout is not None, sc.name
-        assert rollout_s - 0.02 <= statistics.median(sc.rollout.delays) <= rollout_s + TOLERANCE_S, sc.name
+        # the reply's way back is estimated from weight arrivals, which also hold the learner's serving time: with the
+        # learner's own time taken out of the round trip (`handled`), the rollout delay comes out up to ~50 ms low
+        assert rollout_s - 0.05 <= statistics.median(sc.rollout.delays) <= rollout_s + TOLERANCE_S, sc.name
         assert sc.weights is not None, sc.name
         # from the version's commit: the emulated delay plus the encode, the long-poll's answer and the decode.
         # Only the upper bound is checked: about one run in four measures b's (0.05 s) weights delays as 0
