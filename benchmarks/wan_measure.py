@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from heterorl.calibrate.measure import intake_cost
+from heterorl.calibrate.records import read_run
 from heterorl.loop.intake import ACKED
 from heterorl.report.side_by_side import percentile
 
@@ -134,7 +136,6 @@ def live_figures(run_dir: Path, names: list[str]) -> dict[str, Any]:
         name: sampler_figures(events, origin, out["window"]) for name, events in zip(names, logs, strict=True)
     }
     out["learner_step_seconds"] = out["window"]["step_busy_s"]
-    replies = [e for events in logs for e in events if e["event"] == "replied" and e.get("groups") and "handled" in e]
-    groups = sum(e["groups"] for e in replies)
-    out["intake_s_per_group"] = sum(e["handled"] for e in replies) / groups if groups else 0.0
+    intake = intake_cost(read_run(run_dir))  # the figure `heterorl calibrate` writes
+    out["intake_s_per_group"] = intake.value if intake is not None else 0.0
     return out

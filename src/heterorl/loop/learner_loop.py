@@ -274,8 +274,12 @@ class LearnerLoop:
             short = lease.granted < upload.wanted
         later = any(v.outcome in ("busy", "disk_full") for v in verdicts)  # sent again: after a wait
         handled = round(max(self.now() - now, 0.0), 6)  # 0 under the simulated clock: the intake costs no time there
-        fields = {"verdicts": tuple(verdicts), "granted": lease.granted, "voided": lease.voided_unused}
-        fields["handled"] = handled
+        fields = {
+            "verdicts": tuple(verdicts),
+            "granted": lease.granted,
+            "voided": lease.voided_unused,
+            "handled": handled,
+        }
         return self._reply(upload, short=short or later, **fields)
 
     def heard(

@@ -39,8 +39,9 @@ def opened(live):
     return objects
 
 
-def intake_of(live, objects) -> StoreIntake:
-    return StoreIntake(objects, live.loop, live.cfg.live.max_body_bytes, live.cfg.cluster.groups_per_upload)
+def intake_of(live, objects, workers: int = 1) -> StoreIntake:
+    cfg = live.cfg
+    return StoreIntake(objects, live.loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload, workers=workers)
 
 
 def put_upload(objects, live, bodies: list[bytes], seq: int, session: str = "b00t") -> str:
@@ -224,8 +225,7 @@ def test_workers_serve_sessions_at_once_each_in_order_with_the_serial_verdicts(
     objects = opened(live)
     groups = [encode_group(g) for g in sample_groups(live, tiny_model_dir, 6)]
     slow = SlowReads(objects, 0.2)
-    cfg = live.cfg
-    intake = StoreIntake(slow, live.loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload, workers=3)  # type: ignore[arg-type]
+    intake = intake_of(live, slow, workers=3)
     sessions = ("s0", "s1", "s2")
     for i, session in enumerate(sessions):
         put_upload(objects, live, [groups[2 * i]], 0, session)
