@@ -54,18 +54,26 @@ class LearnerClient:
         self.liveness = Liveness(cfg.dead_after_s)
         self._headers = {"Authorization": f"Bearer {token}"}
         self._session: aiohttp.ClientSession | None = None
+        self._weights: aiohttp.ClientSession | None = None
         self.last_contact = time.monotonic()
         self.counts: dict[str, int] = {"retries": 0, "link_down": 0, "link_up": 0}
         self.heard = False  # any answer yet; until then the first failure is also told in words (stderr)
 
     async def __aenter__(self) -> LearnerClient:
-        connector = aiohttp.TCPConnector(limit=16)  # the uploads in flight, the weight pull, status
+        connector = aiohttp.TCPConnector(limit=16)  # the uploads in flight, status
         self._session = aiohttp.ClientSession(headers=self._headers, connector=connector)
+        # The weight pulls keep a connection of their own: its congestion window, grown by one update, carries the
+        # next one (pulls follow each other within an RTO, so Linux does not restart slow start). On a pooled
+        # connection last used by an upload, whose replies are small, every update started again from the initial
+        # window: 4 round trips for a 155 kB patch on a 600 ms link (docs/wan-lab.md).
+        weights = aiohttp.TCPConnector(limit=1)
+        self._weights = aiohttp.ClientSession(headers=self._headers, connector=weights)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._session is not None:
-            await self._session.close()
+        for session in (self._session, self._weights):
+            if session is not None:
+                await session.close()
 
     async def _request(
         self,
@@ -75,9 +83,12 @@ class LearnerClient:
         params: dict[str, str] | None = None,
         data: bytes | None = None,
         wait_s: float = 0.0,
+        weights: bool = False,
     ) -> tuple[int, bytes]:
-        """(status, body) of the first answer that is not a transient failure; retries the rest."""
-        assert self._session is not None, "use `async with LearnerClient(...)`"
+        """(status, body) of the first answer that is not a transient failure; retries the rest. `weights`: on the
+        weight pulls' own connection."""
+        session = self._weights if weights else self._session
+        assert session is not None, "use `async with LearnerClient(...)`"
         while True:
             live = self.liveness.timeout()
             timeout = aiohttp.ClientTimeout(
@@ -85,7 +96,7 @@ class LearnerClient:
             )
             began, error = time.monotonic(), ""
             try:
-                async with self._session.request(
+                async with session.request(
                     method, self.url + path, params=params, data=data, timeout=timeout
                 ) as response:
                     body = await response.read()
@@ -136,7 +147,7 @@ class LearnerClient:
             params.update(version=str(version), hash=state_hash)
         if idle is not None:
             params["idle"] = f"{min(max(idle, 0.0), 1.0):.4f}"
-        status, body = await self._request("GET", "/v1/weights", params=params, wait_s=wait_s)
+        status, body = await self._request("GET", "/v1/weights", params=params, wait_s=wait_s, weights=True)
         if status == 200:
             return body
         if status == 204:
