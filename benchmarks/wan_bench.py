@@ -227,8 +227,9 @@ def live_run(label: str, case: str, out: Path, args: argparse.Namespace) -> dict
 
 def measured_config(live: dict[str, Any]) -> dict[str, Any]:
     """The live run's config for the simulator with what that run measured: each sampler's generation speed and
-    start time, the learner's busy seconds per step (no per-token part: a step's tokens vary little here) and its
-    intake's seconds per uploaded group (the replies' `handled`)."""
+    start time, the learner's busy seconds per step (no per-token part: a step's tokens vary little here), its
+    intake's seconds per uploaded group (the replies' `handled`) and its commit's seconds per step and per
+    evaluation (the `trained` events' `commit_seconds`)."""
     cfg = copy.deepcopy(live["config"])
     cfg["live"]["wan_lab"] = False
     speeds = [s["tokens_per_s"] for s in live["samplers"].values() if s["tokens_per_s"]]
@@ -240,6 +241,8 @@ def measured_config(live: dict[str, Any]) -> dict[str, Any]:
     cfg["cluster"]["learner_seconds_per_token"] = 0.0
     if cfg.get("transport", {}).get("rollouts", "http") != "store":
         cfg["cluster"]["learner_seconds_per_group"] = round(live.get("intake_s_per_group", 0.0), 6)
+    cfg["cluster"]["learner_commit_seconds"] = round(live.get("commit_s", 0.0), 6)
+    cfg["cluster"]["learner_eval_seconds"] = round(live.get("eval_s", 0.0), 6)
     return cfg
 
 

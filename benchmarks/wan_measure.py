@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from heterorl.calibrate.measure import intake_cost
+from heterorl.calibrate.measure import commit_cost, intake_cost
 from heterorl.calibrate.records import read_run
 from heterorl.loop.intake import ACKED
 from heterorl.report.side_by_side import percentile
@@ -136,6 +136,10 @@ def live_figures(run_dir: Path, names: list[str]) -> dict[str, Any]:
         name: sampler_figures(events, origin, out["window"]) for name, events in zip(names, logs, strict=True)
     }
     out["learner_step_seconds"] = out["window"]["step_busy_s"]
-    intake = intake_cost(read_run(run_dir))  # the figure `heterorl calibrate` writes
+    run_records = read_run(run_dir)  # what `heterorl calibrate` reads, for the figures it writes
+    intake = intake_cost(run_records)
     out["intake_s_per_group"] = intake.value if intake is not None else 0.0
+    commit, evaluation = commit_cost(run_records)
+    out["commit_s"] = commit.value if commit is not None else 0.0
+    out["eval_s"] = evaluation.value if evaluation is not None else 0.0
     return out

@@ -65,9 +65,9 @@ def capture_records(cluster) -> list[dict]:
     recorder = cluster.loop.recorder
     on_step = recorder.on_step
 
-    def capture(record: dict) -> None:
+    def capture(record: dict) -> float | None:
         records.append(record)
-        on_step(record)
+        return on_step(record)  # the accuracy when the step evaluated
 
     recorder.on_step = capture
     return records

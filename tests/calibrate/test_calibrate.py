@@ -21,6 +21,7 @@ WEIGHTS_DELAY, WEIGHTS_MBPS = 0.2, 2.0  # from the version's commit (the encode 
 ROLLOUT_DELAY, ROLLOUT_MBPS = 0.3, 1.0
 ENCODE_S, APPLY_S = 0.1, 0.01
 HANDLED_S_PER_GROUP = 0.05  # the learner's seconds on an upload, per group: in the round trip, not the link
+COMMIT_S, EVAL_S = 0.02, 0.3  # after a step's training: its commit, and what an evaluation adds to it
 CLOCK_ZERO, START_DELAY = 998.0, 5.0
 
 
@@ -42,7 +43,10 @@ def known_run(root: Path) -> Path:
         learner.append({"event": "published", "t": t, "version": v, "seconds": ENCODE_S})
     for v, tokens in enumerate([1000, 100, 200, 300, 400, 500], start=1):  # the first step is warm-up (left out)
         seconds = 9.0 if v == 1 else STEP_S + PER_TOKEN_S * tokens
-        learner.append({"event": "trained", "t": published[v], "version": v, "seconds": seconds, "tokens": tokens})
+        evaluated = v % 2 == 0
+        commit = 5.0 if v == 1 else COMMIT_S + EVAL_S * evaluated  # the warm-up step's is left out too
+        step = {"event": "trained", "t": published[v], "version": v, "seconds": seconds, "tokens": tokens}
+        learner.append(step | {"commit_seconds": commit, "evaluated": evaluated})
     _lines(run / "live" / "learner.log", learner)
 
     ctx = {"sampler": "a", "boot": "b1"}
@@ -97,11 +101,19 @@ def test_known_speeds_costs_and_delays_come_back_exactly(tmp_path: Path) -> None
     assert cal.live == {"tokens_per_clock_second": 50.0, "learner_idle": 0.5}
     assert cal.intake is not None
     assert cal.intake.value == pytest.approx(HANDLED_S_PER_GROUP)
+    assert cal.commit is not None
+    assert cal.commit.value == pytest.approx(COMMIT_S)
+    assert cal.commit.n == 2  # steps 3 and 5 (step 1 is warm-up)
+    assert cal.evaluation is not None
+    assert cal.evaluation.value == pytest.approx(EVAL_S)
+    assert cal.evaluation.n == 3  # steps 2, 4, 6
 
     written = RunConfig.model_validate(yaml.safe_load(path.read_text()))
     assert written.cluster.learner_step_seconds == pytest.approx(STEP_S)
     assert written.cluster.learner_seconds_per_token == pytest.approx(PER_TOKEN_S)
     assert written.cluster.learner_seconds_per_group == pytest.approx(HANDLED_S_PER_GROUP)
+    assert written.cluster.learner_commit_seconds == pytest.approx(COMMIT_S)
+    assert written.cluster.learner_eval_seconds == pytest.approx(EVAL_S)
     node_a, node_b = written.cluster.samplers
     assert node_a.tokens_per_second == pytest.approx(SPEED)
     assert node_a.start_delay_s == pytest.approx(START_DELAY)

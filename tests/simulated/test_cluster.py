@@ -100,6 +100,27 @@ def test_sync_mode_pays_every_delay_and_is_never_stale(tmp_path: Path, tiny_mode
     assert all(r[f"sampler/sampler-{i}/version"] == r["step"] - 1 for r in records for i in range(2))
 
 
+def test_the_learner_commit_and_evaluations_hold_the_next_step_back(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Steps of 1 s, a commit of 0.5 s after each and 2 s more after an evaluation (every 2 steps): with groups
+    always waiting, step k's record (at the end of its training) comes at 1, 2.5, 6 (2.5 + 0.5 + 2 + 1), 7.5;
+    the commit is not training, so the learner is busy 4 of 7.5 s."""
+    link = "{weights_delay: {kind: fixed, seconds: 0}, rollout_delay: {kind: fixed, seconds: 0}}"
+    cluster, records = build(
+        tmp_path,
+        tiny_model_dir,
+        *nodes(f"{{tokens_per_second: 1.0e9, link: {link}}}"),
+        "cluster.mode=async",
+        "cluster.learner_step_seconds=1",
+        "cluster.learner_commit_seconds=0.5",
+        "cluster.learner_eval_seconds=2",
+        "eval.every=2",
+        "learner.steps=4",
+    )
+    cluster.run()
+    assert [r["time/clock"] for r in records] == pytest.approx([1.0, 2.5, 6.0, 7.5], abs=1e-6)
+    assert records[-1]["perf/learner_idle"] == pytest.approx(1 - 4 / 7.5, abs=1e-6)
+
+
 def _group(version: int, gid: int) -> RolloutGroup:
     return RolloutGroup(
         group_id=str(gid),

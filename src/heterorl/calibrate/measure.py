@@ -14,6 +14,10 @@
 - start-up: each sampler's first `started` after the learner's clock began (`listening` time minus `elapsed`);
 - the learner's intake per group: the `handled` seconds of every upload with groups over their groups (all
   samplers together), as the simulator charges it (`cluster.learner_seconds_per_group`, rollouts over links).
+- the learner's commit: the seconds after each step's training before the next could start (`trained`:
+  `commit_seconds`: the publish hand-off, recording the step), the mean over steps that did not evaluate; and
+  what an evaluation adds (`evaluated` steps' mean less that), as the simulator pauses the learner
+  (`cluster.learner_commit_seconds`, `learner_eval_seconds`).
 
 The first item of each series (a sampler's first chunk, the learner's first step) is left out when there are more
 than `WARMUP_KEEP_FROM` items: it carries one-time costs (lazy initialisation) a long run amortises.
@@ -64,6 +68,8 @@ class Calibration:
     notes: list[str] = field(default_factory=list)
     live: dict[str, Any] = field(default_factory=dict)  # what the live run achieved (its summary's figures)
     intake: Estimate | None = None  # the learner's seconds per uploaded group
+    commit: Estimate | None = None  # the learner's seconds between a step's training and the next step
+    evaluation: Estimate | None = None  # what a held-out evaluation adds to its step's commit (seconds)
 
 
 def _drop_warmup(items: list[Any]) -> list[Any]:
@@ -85,6 +91,25 @@ def learner_cost(records: RunRecords) -> LineFit | None:
     if not steps:
         return None
     return nonnegative_cost_fit([float(e["tokens"]) for e in steps], [float(e["seconds"]) for e in steps])
+
+
+def commit_cost(records: RunRecords) -> tuple[Estimate | None, Estimate | None]:
+    """(seconds of a step's commit without an evaluation, what an evaluation adds) from the `trained` events'
+    `commit_seconds` (the warm-up step left out); an evaluation's cost is the difference of two means, its
+    interval the two standard errors combined."""
+    steps = _drop_warmup([e for e in records.learner_events("trained") if "commit_seconds" in e])
+    plain = [float(e["commit_seconds"]) for e in steps if not e.get("evaluated")]
+    evals = [float(e["commit_seconds"]) for e in steps if e.get("evaluated")]
+    commit = mean_estimate(plain) if plain else None
+    if not evals:
+        return commit, None
+    with_eval = mean_estimate(evals)
+    base = commit.value if commit is not None else 0.0
+    value = max(with_eval.value - base, 0.0)
+    if commit is None or not (math.isfinite(with_eval.low) and math.isfinite(commit.low)):
+        return commit, Estimate(value, len(evals))
+    half = math.hypot(with_eval.high - with_eval.value, commit.high - commit.value)
+    return commit, Estimate(value, len(evals), with_eval.spread, value - half, value + half)
 
 
 def intake_cost(records: RunRecords) -> Estimate | None:
@@ -221,4 +246,5 @@ def calibrate_run(records: RunRecords) -> Calibration:
         samplers.append(cal)
     summary = records.summary or {}
     live = {k: summary[k] for k in ("tokens_per_clock_second", "staleness_mean", "learner_idle") if k in summary}
-    return Calibration(learner, samplers, notes, live, intake_cost(records))
+    commit, evaluation = commit_cost(records)
+    return Calibration(learner, samplers, notes, live, intake_cost(records), commit, evaluation)

@@ -4,8 +4,8 @@ What changes in the config, per sampler: `tokens_per_second`, `start_delay_s`, i
 `rollout_delay` (measured one-way delays: `fixed` from one value, `empirical` samples up to 20 values, 21 quantiles
 beyond), each direction's rate where it was measurable (else None: the transfer time is inside the measured
 delays), and `transfer: simple` (the measured delays already hold what TCP cost: handshakes, slow start); a trace is
-dropped (its effect was measured). For the learner: `learner_step_seconds`, `learner_seconds_per_token` and (rollouts
-over links) `learner_seconds_per_group`. The WAN
+dropped (its effect was measured). For the learner: `learner_step_seconds`, `learner_seconds_per_token`, (rollouts
+over links) `learner_seconds_per_group`, `learner_commit_seconds` and `learner_eval_seconds`. The WAN
 lab and link emulation are switched off: the config is for the simulator. Everything else stays as it ran.
 """
 
@@ -45,6 +45,10 @@ def calibrated_config(config: dict[str, Any], cal: Calibration) -> dict[str, Any
     over_links = out.get("transport", {}).get("rollouts", "http") != "store"  # the simulator's store charges none
     if cal.intake is not None and over_links:
         cluster["learner_seconds_per_group"] = _sig(cal.intake.value)
+    if cal.commit is not None:
+        cluster["learner_commit_seconds"] = _sig(cal.commit.value)
+    if cal.evaluation is not None:
+        cluster["learner_eval_seconds"] = _sig(cal.evaluation.value)
     nodes = cluster.setdefault("samplers", [{}])
     for node, sc in zip(nodes, cal.samplers, strict=True):
         if sc.speed is not None:
@@ -110,6 +114,10 @@ def report_lines(cal: Calibration) -> list[str]:
         )
     if cal.intake is not None:
         lines.append(f"learner intake: {fmt(cal.intake, ' s')} per uploaded group")
+    if cal.commit is not None:
+        lines.append(f"learner commit: {fmt(cal.commit, ' s')} after each step before the next")
+    if cal.evaluation is not None:
+        lines.append(f"evaluation: {fmt(cal.evaluation, ' s')} more on a step that evaluates")
     for sc in cal.samplers:
         lines.append(f"sampler {sc.name}")
         lines.append(f"  speed        {fmt(sc.speed, ' tokens/s')}")

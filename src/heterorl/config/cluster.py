@@ -49,6 +49,20 @@ class ClusterConfig(Strict):
         description="Virtual seconds the learner spends on an upload per group in it (decoding, screening, journaling, "
         "waiting for its intake): the simulator answers an upload that much later; `heterorl calibrate` measures it.",
     )
+    learner_commit_seconds: float = Field(
+        0.0,
+        ge=0.0,
+        le=MAX_SECONDS,
+        description="Seconds the learner spends after each step before the next can start (waiting for the previous "
+        "version's publish, recording the step): not training, so counted idle; `heterorl calibrate` measures it.",
+    )
+    learner_eval_seconds: float = Field(
+        0.0,
+        ge=0.0,
+        le=MAX_SECONDS,
+        description="Seconds each held-out evaluation (`eval.every`) adds to its step's commit: the learner does not "
+        "train meanwhile; `heterorl calibrate` measures it.",
+    )
     learner_uplink_mbps: float | None = Field(
         None,
         gt=0.0,

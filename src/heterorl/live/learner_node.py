@@ -126,16 +126,20 @@ class LiveLearner:
             failpoints.hit("step.trained")  # trained in memory, not published or recorded
             try:
                 loop.commit(result, busy_seconds=busy)
+                committed = time.monotonic() - began - busy
             except TrainingDivergedError as err:
                 self.persist(self.checkpoint)  # the weights are still finite (nothing applied): resumable once fixed
                 loop.publisher.close()
                 self.events.emit("stopped", version=loop.learner.version, error=str(err))
                 raise
-            # the audit trail (which groups of which versions made which version) and the step's cost (calibration)
+            # the audit trail (which groups of which versions made which version) and the step's cost (calibration):
+            # training seconds, then the commit's (publish hand-off, record, and the evaluation when there was one)
             self.events.emit(
                 "trained",
                 version=loop.learner.version,
                 seconds=round(busy, 4),
+                commit_seconds=round(committed, 4),
+                evaluated=loop.evaluated,
                 tokens=result.tokens,
                 groups=trained_lineage(taken.groups),
             )

@@ -169,6 +169,7 @@ class LearnerLoop:
         self.before_publish: Callable[[int], None] | None = None  # the driver's hook (a durable mark)
         self.published_weights: dict[str, torch.Tensor] = {}  # its wire-dtype tensors (read-only)
         self.busy_seconds = 0.0  # clock seconds spent training
+        self.evaluated = False  # the last commit evaluated (`eval.every`): a commit that long (the simulator's cost)
         self.clock_before = 0.0  # clock seconds of earlier lives of this run (resume)
         self.resumes = 0
         self.skipped_steps = 0  # steps with a non-finite gradient (no update applied)
@@ -348,6 +349,7 @@ class LearnerLoop:
         self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
         record = self._record(result.stats, previous)
         accuracy = self.recorder.on_step(record)
+        self.evaluated = accuracy is not None  # the step's commit held a held-out evaluation
         self.checkpoints.after_step(self.learner.version, accuracy)
         observer = self.recorder.observer
         if observer is not None and observer.stop_requested:

@@ -2,7 +2,9 @@
 
 Generation, training and weight encoding run for real (`heterorl.loop`); only time is modelled:
 - a sampler generating n tokens is busy n / tokens_per_second virtual seconds (`simulated.runtime`);
-- a learner step costs `learner_step_seconds + learner_seconds_per_token * tokens`;
+- a learner step costs `learner_step_seconds + learner_seconds_per_token * tokens`, then its commit
+  `learner_commit_seconds` (+ `learner_eval_seconds` when it evaluates) before the next step starts (the version
+  is published when the step's cost has passed; the commit's time is not counted busy, as live);
 - every message of the conversation crosses its link as a live transport would carry it
   (`heterorl.transport.simulated`: uploads and replies, weight pulls and long-polls; or the object store's puts,
   listings and polls), with the link's delays, bandwidth and faults.
@@ -154,4 +156,13 @@ class SimulatedCluster:
         self.link.published(self.loop.published_version)
         if self.store is not None:
             self.store.published(self.loop.published_version)
+        pause = self.cc.learner_commit_seconds + self.cc.learner_eval_seconds * self.loop.evaluated
+        if pause > 0.0:  # the commit's own time: the version is out, the next step waits (not counted busy)
+            self.learner_busy = True
+            self.events.schedule_in(pause, self._committed, label=f"learner commit {self.loop.learner.version}")
+            return
+        self._maybe_train()
+
+    def _committed(self) -> None:
+        self.learner_busy = False
         self._maybe_train()
