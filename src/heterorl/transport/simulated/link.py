@@ -103,9 +103,9 @@ class SimSamplerSide:
     sent: tuple[int, Any] | None = None  # (version, update) it was last sent by reference
 
     def __post_init__(self) -> None:
-        self.up = SimPath(self.link, "rollout")
-        self.replies = SimPath(self.link, "weights")
-        self.weights = SimPath(self.link, "weights")
+        self.up = SimPath(self.link, "rollout")  # the sampler's requests: it opens the connections
+        self.replies = SimPath(self.link, "weights", opens=False)  # answers on the uploads' connection
+        self.weights = SimPath(self.link, "weights", opens=False)  # answers on the weight pulls' own connection
 
     @property
     def shares(self) -> bool:

@@ -28,6 +28,7 @@ class SimPath:
 
     link: Link
     name: LinkPath
+    opens: bool = True  # this direction's sender opens the connection (False: the answers to the other side's requests)
     faults: Counter[str] = field(default_factory=Counter)
     transfer: PathTransfer = field(init=False)
     opened: bool = False  # the connection exists (its first message paid the handshake)
@@ -62,9 +63,10 @@ class SimPath:
 
     def arrival(self, now: float, nbytes: int) -> float:
         """Arrival time of a message of `nbytes` sent at `now` (advances the path's state). The first message
-        opens the connection (tcp: a handshake, the initial window)."""
+        starts the connection's state (tcp: the initial window) and, on the direction that opens it, waits for the
+        handshake; an answering direction's first message follows a request that already paid it."""
         fresh, self.opened = not self.opened, True
-        return self.transfer.send(now, nbytes, fresh=fresh).arrival
+        return self.transfer.send(now, nbytes, fresh=fresh, handshake=fresh and self.opens).arrival
 
     def draw_delay(self) -> float:
         """The next delay sample of this path's stream (one per message, in sending order); `deferrable` only."""

@@ -162,7 +162,7 @@ class SimStoreSide:
 
     def __post_init__(self) -> None:
         self.up = SimPath(self.link, "rollout")
-        self.down = SimPath(self.link, "weights")
+        self.down = SimPath(self.link, "weights", opens=False)  # the store's answers to the sampler's requests
 
     def faults(self) -> dict[str, dict[str, int]]:
         return {"up": dict(self.up.faults), "down": dict(self.down.faults), **self.direct.faults()}
