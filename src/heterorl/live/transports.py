@@ -117,8 +117,20 @@ async def open_sampler_side(
         merge = lambda patches: merge_patches(patches, level=level)  # noqa: E731
         authority = authority_from(cfg.trust.learner_public_key)  # a manifest the learner did not sign is never read
         key = signing_key_from(cfg.trust.sampler_private_key, "trust.sampler_private_key")  # signs its uploads
+        weights_objects = open_store(t.store) if t.weights == "store" else None  # its own connections
         store_side = StoreSamplerSide(
-            objects, t.store, cfg.live, name, session_id, backoff, events, merge, reports, authority, key
+            objects,
+            t.store,
+            cfg.live,
+            name,
+            session_id,
+            backoff,
+            events,
+            merge,
+            reports,
+            authority,
+            key,
+            weights_objects,
         )
     status = None
     try:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import io
 import random
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ import torch
 from heterorl.config import LiveConfig, StoreConfig, load_config
 from heterorl.eventlog import EventLog
 from heterorl.transport.backoff import Backoff
-from heterorl.transport.store.manifest import MANIFEST_KEY, Manifest
+from heterorl.transport.store.manifest import MANIFEST_KEY, Manifest, plan
 from heterorl.transport.store.objects import FsspecStore, ObjectStore, StoreSetupError
 from heterorl.transport.store.publisher import StorePublisher
 from heterorl.transport.store.source import StoreWeightSource
@@ -92,6 +94,42 @@ def test_chain_and_merged_patches_reach_the_newest_version_bit_identical(objects
     assert receiver.held() == (8, learner.store.latest_hash)
     assert src.downloaded - before < manifest.objects[0].nbytes  # two small patches, not a snapshot
     assert not src.counts
+
+
+class SlowGets:
+    """The store with every object read taking 0.2 s (a long link), counting reads in flight at once."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner, self.lock = inner, threading.Lock()
+        self.running = self.most = 0
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        if key == MANIFEST_KEY:
+            return self.inner.get(key, max_bytes)
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(0.2)
+        with self.lock:
+            self.running -= 1
+        return self.inner.get(key, max_bytes)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_chain_s_objects_are_downloaded_at_once(objects: FsspecStore) -> None:
+    """Over a long link each GET is a round trip: a chain of k objects must cost one, not k."""
+    cfg = cfg_of(objects)
+    learner, slow, receiver = Learner(objects, cfg), SlowGets(objects), WeightReceiver()
+    for _ in range(8):
+        learner.step()
+    src = source(slow, cfg)  # type: ignore[arg-type]
+    assert pull(src, receiver)
+    assert receiver.held() == (learner.store.latest_version, learner.store.latest_hash)
+    manifest = Manifest.parse(objects.get(MANIFEST_KEY, 2**20), 2**20)
+    assert len(plan(manifest, None, None) or []) >= 3  # a snapshot and patches
+    assert slow.most >= 3  # ... read at once
 
 
 def test_uploads_are_once_per_version_and_the_manifest_is_last(objects: FsspecStore) -> None:

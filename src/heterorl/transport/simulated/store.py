@@ -6,7 +6,7 @@ sampler reaches it over its own link:
 - Weights: the learner uploads each version's objects once over its uplink (`cluster.learner_uplink_mbps`); a
   sampler looks at the manifest at a `Cadence` (each look a request up its link and the manifest down) and, when
   a newer version is there, downloads the cheapest chain (`StoreWeightSource`, the live code, over a
-  `MemoryStore`) over its link.
+  `MemoryStore`) over its link: one more request, the chain's objects down (live, their GETs go out at once).
 - Uploads: a sampler's upload is a PUT up its link, visible when it arrives; the learner lists uploads at its own
   `Cadence` (`StoreIntake`: `LearnerLoop.exchange`, the reply written, the upload deleted); the sampler looks for
   its reply at a `Cadence`, each look a request up and an answer down (the reply, or a short "not there").
@@ -41,6 +41,14 @@ from heterorl.transport.store.publisher import StorePublisher
 from heterorl.transport.store.source import StoreWeightSource
 from heterorl.transport.wire import WireError, decode_reply, encode_upload
 from heterorl.weights import merge_patches
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """A manifest read that named objects to download: the update they make and their bytes (a second request)."""
+
+    envelope: bytes
+    nbytes: int
 
 
 class SimStore:
@@ -251,10 +259,14 @@ class SimStoreSide:
                 return None, HEAD_BYTES
             before = self.source.downloaded
             envelope = self.source.update_from(manifest, *held())
-            nbytes = len(manifest.to_bytes()) + HEAD_BYTES + self.source.downloaded - before
-            return envelope, nbytes
+            fetched = self.source.downloaded - before
+            nbytes = len(manifest.to_bytes()) + HEAD_BYTES
+            return (envelope, nbytes) if envelope is None or fetched == 0 else (Fetch(envelope, fetched), nbytes)
 
         def looked(answer: Any) -> None:
+            if isinstance(answer, Fetch):  # the manifest named objects to get: their GETs go out together
+                self._request(HEAD_BYTES, lambda: (answer.envelope, answer.nbytes + HEAD_BYTES), looked)
+                return
             if answer is not None or self.events.now >= deadline:
                 done(answer)
                 return

@@ -54,11 +54,15 @@ class StoreSamplerSide:
         reports: Callable[[], tuple[float | None, int]],
         authority: Authority | None = None,
         signing_key: Ed25519PrivateKey | None = None,
+        weights_objects: ObjectStore | None = None,
     ) -> None:
         self.objects, self.cfg, self.live, self.name, self.session = objects, cfg, live, name, session
         self.backoff, self.events, self.reports = backoff, events, reports
         self.signing_key = signing_key  # signs every upload (`transport.identity.sign_upload`) when set
-        self.source = StoreWeightSource(objects, cfg, live, name, backoff, events, merge, session, authority)
+        # weights through a client of their own (`weights_objects`): its connections carry updates only, so the
+        # window one update grew carries the next, as the HTTP client's weight connection does
+        weights_from = weights_objects if weights_objects is not None else objects
+        self.source = StoreWeightSource(weights_from, cfg, live, name, backoff, events, merge, session, authority)
         self.uploads: Counter[str] = Counter()
         self.requests = InFlight()
         self.failed = self.requests.failed

@@ -1,5 +1,6 @@
-"""Weights in, from a store: a sampler polls the manifest, downloads the cheapest chain to the newest version,
-checks every object against the manifest's size and content hash, and hands the sampler one update envelope.
+"""Weights in, from a store: a sampler polls the manifest, downloads the cheapest chain to the newest version (its
+objects at once, while its heartbeat goes up: a poll costs two round trips however long the chain), checks every
+object against the manifest's size and content hash, and hands the sampler one update envelope.
 
 It is a `WeightSource` (transport/base.py) like the HTTP client: `pull(held version, hash, ...)` returns an
 update envelope (a snapshot and/or one patch: the chain's patches are merged here, so the worker applies a single
@@ -33,9 +34,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -61,6 +64,7 @@ from heterorl.weights.signing import Authority, SignatureError, Signatures
 
 HEARTBEAT_S = 5.0  # longest time between two heartbeats of a sampler whose state did not change
 MAX_FINISHED_BYTES = 4096
+MAX_PARALLEL_GETS = 8  # objects of one chain downloaded at once
 
 
 class StoreUnreachableError(RuntimeError):
@@ -101,6 +105,7 @@ class StoreWeightSource:
         self._beat: tuple[Any, ...] | None = None
         self._beat_at = 0.0
         self.downloaded = 0
+        self._count = threading.Lock()  # `downloaded` is added to by parallel downloads
         self._bad: set[str] = set()  # keys that failed their check under the current manifest
 
     # ---------------------------------------------------------------- WeightSource
@@ -112,9 +117,11 @@ class StoreWeightSource:
         deadline = time.monotonic() + max(wait_s, self.cfg.poll_seconds if version is None else 0.0)
         cadence = Cadence(self.cfg.first_poll_seconds, self.cfg.poll_seconds)
         while True:
-            try:
-                await asyncio.to_thread(self._heartbeat, version, state_hash, idle, failed)
-                got = await asyncio.to_thread(self._poll, version, state_hash)
+            try:  # the heartbeat's PUT and the poll's GETs at once: over a long link each is a round trip
+                _, got = await asyncio.gather(
+                    asyncio.to_thread(self._heartbeat, version, state_hash, idle, failed),
+                    asyncio.to_thread(self._poll, version, state_hash),
+                )
             except StoreUnavailable as err:
                 self._fault("outage", str(err))
                 if time.monotonic() - self.last_ok > self.live.patience_s:
@@ -219,7 +226,7 @@ class StoreWeightSource:
     def _envelope(self, manifest: Manifest, refs: list[ObjectRef]) -> bytes:
         if self.authority is not None:
             return self._signed_hop(manifest, refs)
-        blobs = [self._get(ref) for ref in refs]
+        blobs = self._get_all(refs)
         snapshot = blobs[0] if refs[0].kind == "snapshot" else None
         patches = blobs[1:] if snapshot is not None else blobs
         try:
@@ -239,7 +246,7 @@ class StoreWeightSource:
         hop = refs[:2] if refs[0].kind == "snapshot" and len(refs) > 1 else refs[:1]
         if len(hop) == 2 and (hop[0].sig is None or hop[1].sig is None or hop[0].sig[0] != hop[1].sig[0]):
             hop = hop[:1]  # one update carries blobs signed in one epoch
-        blobs = [self._get(ref) for ref in hop]
+        blobs = self._get_all(hop)
         assert self.authority is not None
         for ref, blob in zip(hop, blobs, strict=True):
             try:
@@ -257,12 +264,22 @@ class StoreWeightSource:
         update = Update(last.version, state_hash, base, snapshot=snapshot, patch=patch, signatures=signatures)
         return encode_update(update)
 
+    def _get_all(self, refs: list[ObjectRef]) -> list[bytes]:
+        """Every object of `refs`, checked, downloaded at once (a chain of k objects costs one round trip, not k);
+        the first bad one, in chain order, is raised."""
+        if len(refs) == 1:
+            return [self._get(refs[0])]
+        with ThreadPoolExecutor(max_workers=min(len(refs), MAX_PARALLEL_GETS)) as pool:
+            fetches = [pool.submit(self._get, ref) for ref in refs]
+            return [f.result() for f in fetches]
+
     def _get(self, ref: ObjectRef) -> bytes:
         try:
             data = self.objects.get(ref.key, ref.nbytes)
         except ObjectMissing:
             raise BadObjectError("missing", ref.key, f"{ref.key} is not in the store") from None
-        self.downloaded += len(data)
+        with self._count:
+            self.downloaded += len(data)
         if len(data) != ref.nbytes:
             raise BadObjectError("torn", ref.key, f"{ref.key}: {len(data)} bytes, the manifest says {ref.nbytes}")
         if digest(data) != ref.digest:
