@@ -6,16 +6,20 @@ batch neither skips the honest groups nor stops the run."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import deque
 from pathlib import Path
 
 import pytest
 import torch
 
+from heterorl.loop.intake import body_digest
+from heterorl.loop.protocol import Upload
 from heterorl.loop.screen import fingerprint
 from heterorl.metrics import read_metrics
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
+from heterorl.run.build import node_name
 from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("varied_reward")
@@ -94,6 +98,26 @@ def test_a_replay_under_a_new_id_is_refused_and_a_retry_under_its_own_is_a_dupli
     assert records["bob"]["refused"] == {"replayed": 1}
     assert records["eve"]["refused"] == {"same_content": 1}
     assert loop.trust.reputation.records["eve"].recent == deque()  # not judged: no charge
+
+
+def test_a_retried_upload_gets_its_answer_again_and_is_judged_once(live, tiny_model_dir) -> None:
+    """An upload sent again (its reply was lost or late: the same session, seq and groups) is answered as before
+    and changes nothing: its refused group is not charged twice, its slot not settled twice."""
+    loop = live.loop
+    name = node_name(loop.cfg, 0)
+    forged, other = (forged_rewards(g, name) for g in sample_groups(live, tiny_model_dir, 2))
+    body = encode_group(forged)
+    upload = Upload(name, "boot", seq=0, version=0, wanted=4, used=1, groups=(body,), digests=(body_digest(body),))
+    upload = dataclasses.replace(upload, fingerprint=loop.fingerprint)
+    first = loop.exchange(upload)
+    assert [v.outcome for v in first.verdicts] == ["reward_mismatch"]
+    assert loop.exchange(upload) == first
+    assert loop.trust.to_json()[name]["refused"] == {"reward_mismatch": 1}
+    assert loop.intake.metrics()["net/rejected_reward_mismatch"] == 1.0
+    changed = encode_group(other)  # the same seq with other groups is not a retry: it is judged
+    again = dataclasses.replace(upload, groups=(changed,), digests=(body_digest(changed),))
+    assert [v.outcome for v in loop.exchange(again).verdicts] == ["reward_mismatch"]
+    assert loop.trust.to_json()[name]["refused"] == {"reward_mismatch": 2}
 
 
 def test_the_learner_trains_on_its_own_rewards(live, tiny_model_dir) -> None:

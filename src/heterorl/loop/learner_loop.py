@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import secrets
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +65,7 @@ from heterorl.sampler import VERDICT_INFO
 from heterorl.weights import Published
 
 FOLLOW_UPS = ("duplicate", "busy", "finished")  # answers to a group that is not its first arrival at the intake
+REPLIES_KEPT = 16_384  # answers kept for retried uploads (the same session, seq and groups), oldest forgotten first
 
 
 def per_sampler_slots(cfg: RunConfig) -> tuple[int, int] | None:
@@ -131,6 +132,7 @@ class LearnerLoop:
         names = [node_name(cfg, i) for i in range(len(cfg.cluster.samplers))]
         self.peers = Peers(names)
         self.figures = SamplerFigures.of(names)  # per-sampler figures (guarded by the intake's lock)
+        self._answers: OrderedDict[tuple[str, str, int], tuple[tuple[str, ...], Reply]] = OrderedDict()
         model_cfg = learner.policy.model.config
         context = int(getattr(model_cfg, "max_position_embeddings", cfg.model.max_positions))
         limits = GroupLimits(
@@ -234,7 +236,27 @@ class LearnerLoop:
 
     def exchange(self, upload: Upload) -> Reply:
         """One upload of a sampler session (`loop.protocol`): its groups through the intake, what it gives back,
-        its admission request; the reply. Safe to call from several threads."""
+        its admission request; the reply. Safe to call from several threads.
+
+        A retry (the same session and seq with the same groups: its reply was lost or late) gets the answer the
+        upload got, and changes nothing: judged again, a refused group would be charged to its sampler once per
+        attempt (an honest sampler on a slow link was quarantined by one borderline group sent four times) and
+        settle a slot it had already settled."""
+        retry_of = (*upload.key, upload.seq)
+        with self.intake.cond:
+            kept = self._answers.get(retry_of)
+            if kept is not None and kept[0] == upload.digests:
+                self.intake.counters.duplicates += len(upload.groups)  # arrived again, not queued again
+                return kept[1]
+        reply = self._exchange(upload)
+        if not reply.refused:  # a whole upload refused is not judged: asking again changes nothing either
+            with self.intake.cond:
+                self._answers[retry_of] = (upload.digests, reply)
+                while len(self._answers) > REPLIES_KEPT:
+                    self._answers.popitem(last=False)
+        return reply
+
+    def _exchange(self, upload: Upload) -> Reply:
         now = self.now()
         key = upload.key
         if upload.sampler not in self.peers.names:

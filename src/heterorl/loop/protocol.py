@@ -11,7 +11,8 @@ Every count an upload or a reply carries is a running total of the session (`wan
 `voided`), never a delta. So an upload that is retried after a lost answer, or overtaken by a later one (several
 are in flight at once), changes nothing twice: the learner applies what a total adds to what it already knew,
 and a sampler keeps the largest total it has been told. Groups are de-duplicated by id, so re-sending the same
-bytes is always safe.
+bytes is always safe; a retried upload (same session, seq and groups) is answered as it was the first time
+(`LearnerLoop.exchange`), so a refused group is never charged twice.
 """
 
 from __future__ import annotations
