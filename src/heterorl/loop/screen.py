@@ -40,9 +40,11 @@ from heterorl.tasks.recheck import Decode, recheck_rewards
 
 TOLERANCES: dict[tuple[str, str], Tolerances] = {
     # (engine, dtype): honest CPU groups of benchmarks/verify_calibration.py (docs/deployment.md has the figures)
-    # with a margin: fp32 re-scores agree to ~1e-6, bf16 to a group mean of 0.003 and tokens of 0.02 at most
+    # with a margin: fp32 re-scores agree to ~1e-6; bf16 to a group mean of 0.003 and tokens of 0.02 at most there,
+    # but on the demo's 0.3M model (hidden size 128) to a group mean of 0.024 and tokens of 0.099
+    # (sweeps/adversaries-bf16.yaml), which 0.02 / 0.1 refused: 2x that
     ("transformers", "float32"): Tolerances(mean=1e-3, token=1e-2, share_over=0.02, z=5.5),
-    ("transformers", "bfloat16"): Tolerances(mean=0.02, token=0.1, share_over=0.05, z=5.5),
+    ("transformers", "bfloat16"): Tolerances(mean=0.05, token=0.2, share_over=0.05, z=5.5),
     ("vllm", "float32"): Tolerances(mean=0.02, token=0.1, share_over=0.05, z=5.5),
     ("vllm", "bfloat16"): Tolerances(mean=0.02, token=0.1, share_over=0.05, z=5.5),
 }
