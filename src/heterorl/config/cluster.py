@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from heterorl.config.base import MAX_MBPS, MAX_SECONDS, MAX_STEPS, Strict
+from heterorl.config.modelled import ModelledConfig
 from heterorl.config.network import LinkConfig
 
 MAX_SAMPLERS = 10_000
@@ -138,6 +139,12 @@ class ClusterConfig(Strict):
         "oldest",
         description="Which eligible groups a learner step takes first: the oldest (arrival order) or the freshest "
         "(newest weight version first; older ones wait, and the window drops them if they age out).",
+    )
+    modelled: ModelledConfig | None = Field(
+        None,
+        description="Simulator only: weight updates cost the simulated links the sizes of this larger model while "
+        "the config's small model computes (a large-cluster plan; docs/planning.md). Set the compute costs above "
+        "to that model's figures. Live clusters refuse it.",
     )
 
     @model_validator(mode="after")
