@@ -67,7 +67,7 @@ def execute(
         cluster = build_simulated(cfg, run_dir, base, bar)
         if cluster.warning is not None:
             console.print(f"[yellow]warning:[/yellow] {cluster.warning}")
-        computed = sum(t.numel() for t in cluster.loop.learner.policy.model.state_dict().values())
+        computed = sum(p.numel() for p in cluster.loop.learner.policy.model.parameters())  # tied ones once
         note = modelled_note(cfg, computed)
         if note is not None:  # a plan's figures are a larger model's: say so before and after
             print_note(note)
