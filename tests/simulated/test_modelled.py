@@ -77,12 +77,13 @@ def test_the_modelled_store_serves_a_snapshot_where_it_is_smaller_or_no_patch_ca
 
 
 # ---------------------------------------------------------------- on the links
-@pytest.mark.parametrize("share", [True, False])
-def test_a_modelled_snapshot_takes_its_size_over_the_link(tmp_path: Path, tiny_model_dir: Path, share: bool):
+@pytest.mark.parametrize(("share", "faults"), [(True, ""), (False, ""), (True, ", weights_faults: {duplicate: 0.5}")])
+def test_a_modelled_snapshot_takes_its_size_over_the_link(tmp_path: Path, tiny_model_dir: Path, share, faults):
     """A 1e9-parameter bf16 snapshot (2e9 bytes) over a 100 Mbit/s simple link with a 2 s delay arrives after
     2e9 * 8 / 1e8 + 2 = 162 s (the request goes up at once: no delay, no rate); every later update is charged the
-    patch over the steps it spans, both when the sampler adopts shared tensors and when it decodes bytes."""
-    link = "{weights_delay: {kind: fixed, seconds: 2}, weights_bandwidth_mbps: 100}"
+    patch over the steps it spans: when the sampler adopts shared tensors, when it decodes bytes, and when the
+    bytes cross a link with faults (duplicates: the first copy counts)."""
+    link = f"{{weights_delay: {{kind: fixed, seconds: 2}}, weights_bandwidth_mbps: 100{faults}}}"
     cfg = tiny_config(
         tiny_model_dir,
         f"cluster.samplers=[{{tokens_per_second: 1000, link: {link}}}]",
