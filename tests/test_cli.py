@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 import heterorl.simulated.run
 from conftest import tiny_config
 from heterorl import __version__
-from heterorl.cli import app, weight_traffic_text
+from heterorl.cli import app, idle_text, weight_traffic_text
 from heterorl.config import config_to_yaml
 from heterorl.evaluate import greedy_accuracy
 from heterorl.policy import Policy
@@ -127,6 +127,14 @@ def test_weight_traffic_is_not_compared_with_itself() -> None:
     assert full == "1.00 MB sent vs 1.40 MB of raw bfloat16 weights (1.4x less: zstd-compressed full snapshots)"
     assert "less than full" not in full
     assert weight_traffic_text(summary, "pulse", "bfloat16").endswith("(1.4x less: PULSE patches)")
+    plan = {"weight_bytes_sent": 2.5e12, "weight_bytes_full": 8.6e13}  # a modelled 7B model's traffic
+    assert weight_traffic_text(plan, "pulse", "bfloat16").startswith("2500.00 GB sent vs 86000.00 GB of raw bfloat16")
+
+
+def test_many_samplers_idle_shares_are_one_line() -> None:
+    assert idle_text({"a": 0.5, "b": 0.25}) == "a 50%, b 25%"
+    many = {f"s{i}": (i % 10) / 10 for i in range(200)}
+    assert idle_text(many) == "200: mean 45%, least s0 0%, most s9 90%"
 
 
 @pytest.fixture

@@ -73,8 +73,9 @@ def weight_traffic_text(summary: dict[str, Any], codec: str | None, wire_dtype: 
     sent, raw = summary["weight_bytes_sent"], summary["weight_bytes_full"]
     ratio = raw / max(sent, 1)
     how = {"pulse": "PULSE patches", "full": "zstd-compressed full snapshots"}.get(codec or "", "")
+    unit, scale = ("GB", 1e9) if raw >= 1e10 else ("MB", 1e6)
     return (
-        f"{sent / 1e6:.2f} MB sent vs {raw / 1e6:.2f} MB of raw {wire_dtype or 'wire-dtype'} weights "
+        f"{sent / scale:.2f} {unit} sent vs {raw / scale:.2f} {unit} of raw {wire_dtype or 'wire-dtype'} weights "
         f"({ratio:.1f}x less" + (f": {how})" if how else ")")
     )
 
@@ -90,6 +91,8 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     resolved = (yaml.safe_load(config_path.read_text()) or {}) if config_path.is_file() else {}
     weights = resolved.get("weights") or {}
     table = Table(title="heterorl run", show_header=False, title_justify="left")
+    if "modelled" in summary:  # a large-cluster plan: its sizes and costs are not what was computed
+        table.add_row("modelled", summary["modelled"]["note"])
     acc0, acc1 = summary["accuracy_initial"], summary["accuracy_final"]
     table.add_row("held-out accuracy", f"{acc0:.1%} -> {acc1:.1%}  ({(acc1 - acc0) * 100:+.1f} points)")
     table.add_row("reward", f"{summary['reward_first']:.3f} -> {summary['reward_last']:.3f}")
@@ -98,13 +101,21 @@ def _print_summary(summary: dict[str, Any], run_dir: Path) -> None:
     table.add_row("staleness", f"mean {summary['staleness_mean']:.2f}, max {summary['staleness_max']} steps")
     table.add_row("groups dropped", str(summary["groups_dropped"]))
     table.add_row("throughput", f"{summary['tokens_per_clock_second']:.0f} tokens / clock s")
-    idle = ", ".join(f"{k} {v:.0%}" for k, v in summary["sampler_idle"].items())
-    table.add_row("idle", f"learner {summary['learner_idle']:.0%}; samplers {idle}")
+    table.add_row("idle", f"learner {summary['learner_idle']:.0%}; samplers {idle_text(summary['sampler_idle'])}")
     if summary["weight_bytes_full"]:
         table.add_row("weight traffic", weight_traffic_text(summary, weights.get("codec"), weights.get("wire_dtype")))
     table.add_row("wall time", f"{summary['wall_seconds']:.1f} s (RL {summary['rl_wall_seconds']:.1f} s)")
     table.add_row("run directory", str(run_dir))
     out.print(table)
+
+
+def idle_text(idle: dict[str, float], listed: int = 8) -> str:
+    """Each sampler's idle share, or for more than `listed` samplers their mean, least and most."""
+    if len(idle) <= listed:
+        return ", ".join(f"{k} {v:.0%}" for k, v in idle.items())
+    low, high = min(idle, key=idle.__getitem__), max(idle, key=idle.__getitem__)
+    mean = sum(idle.values()) / len(idle)
+    return f"{len(idle)}: mean {mean:.0%}, least {low} {idle[low]:.0%}, most {high} {idle[high]:.0%}"
 
 
 @contextmanager

@@ -13,6 +13,7 @@ from heterorl.config.cluster import ClusterConfig, LiveConfig, SamplerNodeConfig
 from heterorl.config.engines import EngineConfig, TransformersEngineConfig, VLLMEngineConfig
 from heterorl.config.launch import ActorResources, ParallelConfig, RayConfig, RayLearnerConfig
 from heterorl.config.model import LoraConfig, ModelConfig
+from heterorl.config.modelled import WIRE_BYTES, ModelledConfig, count_text
 from heterorl.config.network import (
     DelayConfig,
     EmpiricalDelay,
@@ -84,6 +85,7 @@ __all__ = [
     "MATH_PROMPT_TEMPLATE",
     "OBJECTIVE_CONFIGS",
     "REWARD_PATTERN",
+    "WIRE_BYTES",
     "ActorResources",
     "AdditionTaskConfig",
     "AdversaryConfig",
@@ -119,6 +121,7 @@ __all__ = [
     "MathTaskConfig",
     "MetricsConfig",
     "ModelConfig",
+    "ModelledConfig",
     "ObjectiveConfig",
     "ObjectiveOptions",
     "Outage",
@@ -151,6 +154,7 @@ __all__ = [
     "changed_settings",
     "check_store_url",
     "config_to_yaml",
+    "count_text",
     "load_config",
     "load_yaml_text",
     "parse_override",

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Literal
 
 from pydantic import Field, model_validator
 
 from heterorl.config.base import MAX_MBPS, MAX_SECONDS, MAX_STEPS, Strict
+from heterorl.config.modelled import ModelledConfig
 from heterorl.config.network import LinkConfig
+
+MAX_SAMPLERS = 10_000
 
 
 class SamplerNodeConfig(Strict):
@@ -27,6 +31,27 @@ class SamplerNodeConfig(Strict):
         "live; the simulator starts it this late).",
     )
     link: LinkConfig = Field(default_factory=LinkConfig, description="Its link to the learner.")
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=MAX_SAMPLERS,
+        description="This many samplers like this one (a plan with hundreds of samplers in a few entries): the "
+        "entry becomes `replicas` entries named <name>-0, <name>-1, ... (unnamed: sampler-<index> as usual), each "
+        "with its own seeded link streams. The resolved config lists them one by one.",
+    )
+
+
+def expand_replicas(samplers: list[SamplerNodeConfig]) -> list[SamplerNodeConfig]:
+    """Each entry with `replicas` = n > 1 as n entries of one replica, named `<name>-<k>` (k from 0)."""
+    out: list[SamplerNodeConfig] = []
+    for node in samplers:
+        if node.replicas == 1:
+            out.append(node)
+            continue
+        for k in range(node.replicas):
+            name = None if node.name is None else f"{node.name}-{k}"
+            out.append(node.model_copy(update={"name": name, "replicas": 1}, deep=True))
+    return out
 
 
 class ClusterConfig(Strict):
@@ -34,7 +59,10 @@ class ClusterConfig(Strict):
 
     mode: Literal["sync", "async"] = Field("sync", description="sync: samplers always hold the newest weights.")
     samplers: list[SamplerNodeConfig] = Field(
-        default_factory=lambda: [SamplerNodeConfig()], min_length=1, max_length=10_000, description="Sampler nodes."
+        default_factory=lambda: [SamplerNodeConfig()],
+        min_length=1,
+        max_length=MAX_SAMPLERS,
+        description="Sampler nodes (an entry with `replicas` stands for that many).",
     )
     learner_step_seconds: float = Field(
         1.0, ge=0.0, le=MAX_SECONDS, description="Virtual cost of one learner step (s)."
@@ -126,6 +154,25 @@ class ClusterConfig(Strict):
         description="Which eligible groups a learner step takes first: the oldest (arrival order) or the freshest "
         "(newest weight version first; older ones wait, and the window drops them if they age out).",
     )
+    modelled: ModelledConfig | None = Field(
+        None,
+        description="Simulator only: weight updates cost the simulated links the sizes of this larger model while "
+        "the config's small model computes (a large-cluster plan; docs/planning.md). Set the compute costs above "
+        "to that model's figures. Live clusters refuse it.",
+    )
+
+    @model_validator(mode="after")
+    def _expand_replicas(self) -> ClusterConfig:
+        if any(node.replicas > 1 for node in self.samplers):
+            expanded = expand_replicas(self.samplers)
+            if len(expanded) > MAX_SAMPLERS:
+                raise ValueError(f"samplers: {len(expanded)} with their replicas, more than {MAX_SAMPLERS}")
+            self.__dict__["samplers"] = expanded  # not re-validated: each entry already is
+        counts = Counter(node.name or f"sampler-{i}" for i, node in enumerate(self.samplers))
+        repeated = sorted(name for name, n in counts.items() if n > 1)
+        if repeated:  # a sampler's name is its identity at the learner: its figures, admission, credentials
+            raise ValueError(f"samplers: names {repeated[:5]} are used more than once")
+        return self
 
 
 # --- weights

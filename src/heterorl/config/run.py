@@ -65,6 +65,15 @@ class RunConfig(Strict):
         return self
 
     @model_validator(mode="after")
+    def _modelled_over_links(self) -> RunConfig:
+        if self.cluster.modelled is not None and self.transport.weights == "store":
+            raise ValueError(
+                "cluster.modelled sizes the weight updates on the simulated links; with transport.weights: store "
+                "they would travel as the small model's objects: use transport.weights: http for a plan"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _adversaries_are_nodes(self) -> RunConfig:
         names = {node.name or f"sampler-{i}" for i, node in enumerate(self.cluster.samplers)}
         unknown = sorted(set(self.adversaries) - names)

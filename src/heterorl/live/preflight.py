@@ -13,6 +13,11 @@ class LiveSetupError(RuntimeError):
 
 def check_live_config(cfg: RunConfig) -> None:
     """Options the live cluster cannot honour are errors, never silently ignored."""
+    if cfg.cluster.modelled is not None:
+        raise LiveSetupError(
+            f"cluster.modelled ({cfg.cluster.modelled.label()}) is a simulator plan: a live cluster sends the real "
+            "model's bytes; remove the section to run live"
+        )
     if cfg.live.emulate_links:
         return
     kinds = ("drop", "duplicate", "reorder", "corrupt")

@@ -57,4 +57,6 @@ def report_command(run_dirs: list[Path], out: Path, baseline: str | None, group_
         for row in rows:
             compared.add_row(*row)
         stdout.print(compared)
+    for path, note in result.modelled:  # a plan's figures are a larger model's: one line each
+        stdout.print(f"{path}: {note}", soft_wrap=True, markup=False, highlight=False)
     stdout.print(f"report: {result.report_md}", soft_wrap=True)  # one line, so it can be copied

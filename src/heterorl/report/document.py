@@ -58,6 +58,18 @@ class ReportResult:
     unfinished: list[Path] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     clocks: list[side_by_side.ClockFigures] = field(default_factory=list)  # simulated and live runs compared
+    modelled: list[tuple[Path, str]] = field(default_factory=list)  # runs of a large-cluster plan, with their label
+
+
+def modelled_runs(runs: list[RunData]) -> list[tuple[Path, str]]:
+    """The runs whose message sizes and compute costs were a larger model's (`cluster.modelled`), each with the
+    line its summary.json labels it with."""
+    found = []
+    for run in runs:
+        section = (run.summary or {}).get("modelled")
+        if isinstance(section, dict):
+            found.append((run.path, str(section.get("note") or "sizes and costs modelled for a larger model")))
+    return found
 
 
 def _pct(stat: Stat) -> str:
@@ -145,6 +157,7 @@ def render(
     unfinished: list[Path],
     skipped: list[Skipped],
     clocks: list[side_by_side.ClockFigures],
+    modelled: list[tuple[Path, str]],
 ) -> str:
     """report.md: what was compared, the tables, the figures (relative paths) and the definitions."""
     groups, keys = grouping.groups, grouping.keys
@@ -160,6 +173,7 @@ def render(
         lines.append(f"Group names leave out the values most groups share: `{grouping.unlisted}`.")
     if baseline:
         lines.append(f"Baseline: `{baseline}`.")
+    lines += [f"`{os.path.relpath(path, out)}`: {note}." for path, note in modelled]
     lines += ["", "## Summary", "", *summary_table(stats, baseline is not None), ""]
     if traffic := traffic_table(groups):
         lines += ["## Weight traffic", "", *traffic, ""]
@@ -256,7 +270,8 @@ def make_report(
         clocks = sorted((side_by_side.clock_figures(r) for r in runs), key=lambda f: not f.simulated)
         plots["sim_vs_live"] = sim_vs_live(clocks, out / "sim_vs_live.png")
     report_md = out / "report.md"
-    report_md.write_text(render(grouping, stats, plots, out, baseline, unfinished, skipped, clocks))
+    modelled = modelled_runs(runs)
+    report_md.write_text(render(grouping, stats, plots, out, baseline, unfinished, skipped, clocks, modelled))
     report_json = out / "report.json"
     report_json.write_text(json.dumps(_json_ready(stats, groups, clocks), indent=2, default=str))
-    return ReportResult(report_md, report_json, plots, stats, unfinished, skipped, clocks)
+    return ReportResult(report_md, report_json, plots, stats, unfinished, skipped, clocks, modelled)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from heterorl.config import RunConfig
-from heterorl.console import Bar, console, progress_bar
+from heterorl.console import Bar, console, print_note, progress_bar
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.loop.worker import SamplerWorker
 from heterorl.parallel.distributed import attach
@@ -30,6 +30,7 @@ from heterorl.run.run_dir import prepare_run_dir
 from heterorl.simulated.cluster import SimulatedCluster
 from heterorl.simulated.events import EventLoop
 from heterorl.simulated.shared_weights import SharedReceiver
+from heterorl.transport.simulated.modelled import modelled_note
 
 
 def build_simulated(cfg: RunConfig, run_dir: Path, base: str, bar: Bar | None = None) -> SimulatedCluster:
@@ -66,6 +67,12 @@ def execute(
         cluster = build_simulated(cfg, run_dir, base, bar)
         if cluster.warning is not None:
             console.print(f"[yellow]warning:[/yellow] {cluster.warning}")
+        computed = sum(p.numel() for p in cluster.loop.learner.policy.model.parameters())  # tied ones once
+        note = modelled_note(cfg, computed)
+        if note is not None:  # a plan's figures are a larger model's: say so before and after
+            print_note(note)
+            with (run_dir / "run.log").open("a", encoding="utf-8") as log:
+                log.write(f"heterorl: {note}\n")
         cluster.loop.recorder.observer = observer
         try:
             cluster.run()
@@ -78,6 +85,14 @@ def execute(
         "pretrain": pretrain_info,
         "clock": "virtual",
         **cluster.summary(),
+        **_modelled_summary(cfg, note, computed),
         "wall_seconds": time.monotonic() - wall_start,
     }
     return loop.finish()
+
+
+def _modelled_summary(cfg: RunConfig, note: str | None, computed: int) -> dict[str, Any]:
+    """summary.json's `modelled`: the section as configured, the small model's size and the label line."""
+    if note is None or cfg.cluster.modelled is None:
+        return {}
+    return {"modelled": {**cfg.cluster.modelled.model_dump(), "computed_parameters": computed, "note": note}}

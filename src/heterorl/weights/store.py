@@ -334,6 +334,16 @@ class WeightStore:
         with self._lock:
             return None if self._snapshot is None else self._snapshot[0]
 
+    def can_patch_from(self, held_version: int | None, held_hash: str | None) -> bool:
+        """Could `update_for(held_version, held_hash)` serve a patch (whatever its size)? The held version is retained
+        with that hash, every patch record since is kept, and the chain is within `max_chain` -- `update_for`'s
+        conditions, for a caller that sizes updates itself (the simulator's modelled sizes)."""
+        with self._lock:
+            if held_version not in self._hashes or held_hash is None or self._hashes[held_version] != held_hash:
+                return False
+            chain = self._order[self._order.index(held_version) :]
+            return len(chain) - 1 <= self.max_chain and all(v in self._records for v in chain[1:])
+
     def patch_nbytes(self, version: int) -> int | None:
         """Size (as receivers download it) of the patch that produced `version`, None if none is retained."""
         with self._lock:

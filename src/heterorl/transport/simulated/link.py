@@ -19,6 +19,9 @@ On a fault-free link with `cluster.share_weights` an update is the learner's pub
 settled once the version's background publish is done, and its arrival is a deferred event no earlier than send
 time + delay (`EventLoop.schedule_deferred`), so the encode overlaps the simulation. Every pending send is
 settled, in sending order, before bytes go out on the uplink and before the next publish.
+
+With `cluster.modelled` an update's size is a larger model's (`transport.simulated.modelled`): the small model's
+update is what the sampler applies, the modelled size is what the uplink, the path and the traffic figures charge.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from heterorl.loop.protocol import Reply, Upload
 from heterorl.network import Link
 from heterorl.transport.backoff import Backoff, Liveness
 from heterorl.transport.base import FINISHED, Held
+from heterorl.transport.simulated.modelled import ModelledSizes
 from heterorl.transport.simulated.paths import SimPath, SimUplink
 from heterorl.transport.wire import WireError, decode_reply, decode_upload, encode_reply, encode_upload
 from heterorl.weights import Update
@@ -186,7 +190,7 @@ class SimSamplerSide:
     def deliver(self, message: Any, nbytes: int, start: float, done: Callable[[Any], None]) -> None:
         """Send a pull's answer (bytes or a small marker) over the weights path from `start`."""
         if isinstance(message, bytes) and self.weights.lossy:
-            deliveries = self.weights.send(start, message)
+            deliveries = self.weights.send(start, message, nbytes)
             if not deliveries:  # lost: the client times out and asks again (the node pulls again on None)
                 self.counts["lost_updates"] += 1
                 at = start + self.liveness.timeout()
@@ -223,6 +227,7 @@ class SimLearnerSide:
         self.share = share  # (version, settle) -> an update by reference
         self.on_upload = on_upload  # the driver's hook after every upload the learner took in
         self.uplink = SimUplink(cfg.cluster.learner_uplink_mbps)
+        self.modelled = ModelledSizes.from_config(cfg)  # None: updates cost their real bytes
         self.parked: list[ParkedPull] = []
         self.pending: list[PendingSend] = []
         self.finished = False
@@ -309,12 +314,12 @@ class SimLearnerSide:
             return
         self.settle()  # earlier by-reference sends go first through the uplink, and the store must be complete
         loop.publisher.result()
-        update = loop.store.update_for(*pull.held())
+        held = pull.held()
+        update = loop.store.update_for(*held)
         if update.kind == "noop":
             side.deliver(None, HEAD_BYTES, self.events.now, pull.done)
             return
-        nbytes = envelope_nbytes(update)  # what it costs on the wire, framed as a live transport sends it
-        loop.traffic.sent(update.version, nbytes, loop.full_update_nbytes())
+        nbytes = self._charge(update, held)
         start = self.uplink.done_at(self.events.now, nbytes)
         side.deliver(encode_update(update) if side.weights.lossy else update, nbytes, start, pull.done)
 
@@ -361,8 +366,7 @@ class SimLearnerSide:
             update: Update = loop.store.update_for(*held)
             assert update.version == send.update.version, f"store at v{update.version}, sent v{send.update.version}"
             send.update.state_hash = update.state_hash
-            nbytes = envelope_nbytes(update)
-            loop.traffic.sent(update.version, nbytes, loop.full_update_nbytes())
+            nbytes = self._charge(update, held)
             start = self.uplink.done_at(send.at, nbytes)
             path = send.side.weights
             if send.delay is None:
@@ -371,3 +375,14 @@ class SimLearnerSide:
                 send.arrival = path.arrive(start, nbytes, send.delay)
             else:
                 path.add_bytes(nbytes)
+
+    def _charge(self, update: Update, held: tuple[int | None, str | None]) -> int:
+        """What `update` (the store's answer to a sampler holding `held`) costs on the wire, framed as a live
+        transport sends it, or at the modelled model's size; counted in the traffic figures."""
+        loop = self.loop
+        if self.modelled is None:
+            nbytes, full = envelope_nbytes(update), loop.full_update_nbytes()
+        else:
+            nbytes, full = self.modelled.update_nbytes(update, loop.store, held), self.modelled.full_nbytes
+        loop.traffic.sent(update.version, nbytes, full)
+        return nbytes

@@ -89,9 +89,10 @@ class SimPath:
         """Count bytes whose arrival was known without them (an unlimited path)."""
         self.transfer.bytes_sent += nbytes
 
-    def send(self, now: float, payload: bytes) -> list[Delivery]:
-        """The deliveries of `payload` sent at `now`: none (dropped), one, or two (duplicated)."""
-        at = self.arrival(now, len(payload))
+    def send(self, now: float, payload: bytes, nbytes: int | None = None) -> list[Delivery]:
+        """The deliveries of `payload` sent at `now`: none (dropped), one, or two (duplicated). Its transfer costs
+        `nbytes` (a modelled size, `transport.simulated.modelled`), or its own length."""
+        at = self.arrival(now, len(payload) if nbytes is None else nbytes)
         if not self.lossy:
             return [Delivery(at, payload)]
         deliveries = self.link.faults[self.name].apply(payload, at)
