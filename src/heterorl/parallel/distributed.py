@@ -52,6 +52,13 @@ class Ranks:
     def leader(self) -> bool:
         return self.rank == 0
 
+    def settle(self) -> None:
+        """Every rank here before any tears the group down (a rank that destroyed its gloo group while another's
+        last collective was still in flight aborted at exit, "terminate called without an active exception").
+        Only on the way out of a run that ended well: after an error the other ranks may never come."""
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
     def close(self) -> None:
         global _CURRENT
         _CURRENT = None
@@ -171,9 +178,11 @@ def run_as_rank(cfg: RunConfig, driver: Callable[[], T]) -> T | None:
     try:
         if not ranks.leader:
             follow(ranks)
+            ranks.settle()
             return None
         result = driver()
         ranks.channel.send(Op.STOP)
+        ranks.settle()
         return result
     finally:
         ranks.close()
