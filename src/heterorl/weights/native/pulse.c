@@ -243,12 +243,23 @@ static int scan16(const char *wb, const char *wn, size_t words, size_t first, Ve
             __m128i y = _mm_loadu_si128((const __m128i *)(wn + 8 * w + 16 * j));
             mask |= (uint64_t)((uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi16(x, y)) ^ 0xFFFFu) << (16 * j);
         }
-        if (!mask) continue;
         if (vec_reserve(pos, 32) || vec_reserve(dif, 32)) return -1;
         int64_t *p = (int64_t *)pos->data + pos->len;
         uint16_t *dd = (uint16_t *)dif->data + dif->len;
         const uint16_t *b16 = (const uint16_t *)(wb + 8 * w), *n16 = (const uint16_t *)(wn + 8 * w);
         size_t k = 0;
+        /* The first four differing elements without a data-dependent branch (a mask with fewer writes its last
+         * element past the end, which the next write or the length leaves out): a loop that ran once per
+         * differing element mispredicted its exit about once per block, most of the scan's time at a few percent
+         * of changes. Blocks with more than four go on in the loop. */
+        for (int s = 0; s < 4; s++) {
+            int e = __builtin_ctzll(mask | (1ull << 63)) >> 1;
+            p[k] = (int64_t)(first + 4 * w + e);
+            dd[k] = (uint16_t)(n16[e] - b16[e]);
+            k += mask != 0;
+            mask &= mask - 1;
+            mask &= mask - 1;
+        }
         while (mask) {
             int e = __builtin_ctzll(mask) >> 1;
             mask &= mask - 1;
