@@ -554,14 +554,31 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     size_t escapes = 0;
     uint64_t top = 0;
     Py_BEGIN_ALLOW_THREADS;
-    for (size_t i = 0; i < count; i++) {
-        uint64_t x = stream_value(sb.buf, i, itemsize, kind);
-        if (x >= limit) {
-            escapes++;
-            uint64_t h = (x >> k) - ESCAPE;
-            if (h > top) top = h;
+    /* the escapes' count and widest field: for the two streams every patch has (gaps of int64 positions, codes of
+     * 16-bit differences) a branch-free loop with kind and width as constants (the generic one tests both per
+     * element); ~15% of encode_uints' time */
+#define COUNT_LOOP(KIND, ISZ)                                                                                      \
+    for (size_t i = 0; i < count; i++) {                                                                           \
+        uint64_t x = stream_value(sb.buf, i, ISZ, KIND);                                                           \
+        int over = x >= limit;                                                                                     \
+        uint64_t h = over ? (x >> k) - ESCAPE : 0;                                                                 \
+        escapes += (size_t)over;                                                                                   \
+        top = h > top ? h : top;                                                                                   \
+    }
+    switch (kind * 16 + itemsize) {
+    case 16 + 8: COUNT_LOOP(1, 8) break;
+    case 32 + 2: COUNT_LOOP(2, 2) break;
+    default:
+        for (size_t i = 0; i < count; i++) {
+            uint64_t x = stream_value(sb.buf, i, itemsize, kind);
+            if (x >= limit) {
+                escapes++;
+                uint64_t h = (x >> k) - ESCAPE;
+                if (h > top) top = h;
+            }
         }
     }
+#undef COUNT_LOOP
     Py_END_ALLOW_THREADS;
     int ew = escapes ? width_of(top) : 0;
     size_t total = n_lo * count + packed + escapes * ew;
