@@ -28,7 +28,7 @@ def test_samplers_with_their_own_tokens_apply_only_signed_weights_and_a_revoked_
         "task.reward=heterorl_live_proc_reward:length",
         "cluster.mode=async",
         "cluster.samplers=[{name: a}, {name: b}]",
-        "learner.steps=6",
+        "learner.steps=120",  # on a quiet machine b alone made 6 steps in 0.2 s, before a had started
         "weights.codec=pulse",
         "live.poll_seconds=1",
         "live.backoff_initial_s=0.05",
@@ -48,9 +48,14 @@ def test_samplers_with_their_own_tokens_apply_only_signed_weights_and_a_revoked_
         procs.start(name, "sampler", str(config), "--connect-file", str(address), "--index", str(i))
     wait_until(address.is_file, procs, 120, "the learner to listen")
     url = json.loads(address.read_text())["url"]
-    # two steps, and b has weights (on a loaded machine a could make both steps before b's first update)
-    two_steps_and_b_updated = lambda: status(url).get("steps", 0) >= 2 and read_events(procs.log("b"), "weights")  # noqa: E731
-    wait_until(two_steps_and_b_updated, procs, 180, "two steps and b's first weights")
+
+    # two steps, and both hold weights (on a loaded machine a could make both steps before b's first update; on a
+    # quiet one b could make them all before a started)
+    def two_steps_and_both_updated() -> bool:
+        held = all(read_events(procs.log(name), "weights") for name in ("a", "b"))
+        return held and status(url).get("steps", 0) >= 2
+
+    wait_until(two_steps_and_both_updated, procs, 180, "two steps and both samplers' first weights")
 
     revoke_sampler(credentials, "b")  # no restart, no signal
     b = procs.procs["b"]
@@ -60,7 +65,7 @@ def test_samplers_with_their_own_tokens_apply_only_signed_weights_and_a_revoked_
     assert procs.procs["a"].wait(timeout=60) == 0
 
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 6
+    assert summary["steps"] == 120
     assert summary["net"]["rejected"].get("revoked", 0) >= 1
     published = {(e["version"], e["hash"]) for e in read_events(procs.log("learner")) if e["event"] == "published"}
     for name in ("a", "b"):
