@@ -231,8 +231,8 @@ class WeightStore:
             order = list(self._order)
             latest = order[-1]
             latest_hash = self._hashes[latest]
-            known = held_version in self._hashes and held_hash is not None and self._hashes[held_version] == held_hash
-            if known and held_version == latest:
+            chain = self._patch_chain(held_version, held_hash)
+            if chain == [latest]:
                 return Update(version=latest, state_hash=latest_hash, base_version=latest)
             assert self._snapshot is not None
             snap_version, snapshot = self._snapshot
@@ -242,9 +242,8 @@ class WeightStore:
             assert last is not None
             self._pinned[id(last)] = self._pinned.get(id(last), 0) + 1
         try:
-            chain = order[order.index(held_version) :] if known else []
             patch_update = None
-            if chain and len(chain) - 1 <= self.max_chain and all(v in records for v in chain[1:]):
+            if chain is not None:
                 patch = self._merged_patch(chain, records, latest_wire, last)
                 patch_update = Update(version=latest, state_hash=latest_hash, base_version=held_version, patch=patch)
                 if len(snapshot) >= patch_update.nbytes:
@@ -335,14 +334,21 @@ class WeightStore:
             return None if self._snapshot is None else self._snapshot[0]
 
     def can_patch_from(self, held_version: int | None, held_hash: str | None) -> bool:
-        """Could `update_for(held_version, held_hash)` serve a patch (whatever its size)? The held version is retained
-        with that hash, every patch record since is kept, and the chain is within `max_chain` -- `update_for`'s
-        conditions, for a caller that sizes updates itself (the simulator's modelled sizes)."""
+        """Could `update_for(held_version, held_hash)` serve a patch (whatever its size)? For a caller that sizes
+        updates itself (the simulator's modelled sizes)."""
         with self._lock:
-            if held_version not in self._hashes or held_hash is None or self._hashes[held_version] != held_hash:
-                return False
-            chain = self._order[self._order.index(held_version) :]
-            return len(chain) - 1 <= self.max_chain and all(v in self._records for v in chain[1:])
+            return self._patch_chain(held_version, held_hash) is not None
+
+    def _patch_chain(self, held_version: int | None, held_hash: str | None) -> list[int] | None:
+        """The versions from the held one to the latest when a patch can go from there: the held version is
+        retained with that hash, every patch record since is kept, and the chain is within `max_chain`; else None.
+        The caller holds the lock."""
+        if held_version not in self._hashes or held_hash is None or self._hashes[held_version] != held_hash:
+            return None
+        chain = self._order[self._order.index(held_version) :]
+        if len(chain) - 1 > self.max_chain or not all(v in self._records for v in chain[1:]):
+            return None
+        return chain
 
     def patch_nbytes(self, version: int) -> int | None:
         """Size (as receivers download it) of the patch that produced `version`, None if none is retained."""
