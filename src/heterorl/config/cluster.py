@@ -161,6 +161,10 @@ class ClusterConfig(Strict):
         "to that model's figures. Live clusters refuse it.",
     )
 
+    def sampler_names(self) -> list[str]:
+        """Each sampler's name, in order: its own, or `sampler-<index>` when it has none."""
+        return [node.name or f"sampler-{i}" for i, node in enumerate(self.samplers)]
+
     @model_validator(mode="after")
     def _expand_replicas(self) -> ClusterConfig:
         if any(node.replicas > 1 for node in self.samplers):
@@ -168,7 +172,7 @@ class ClusterConfig(Strict):
             if len(expanded) > MAX_SAMPLERS:
                 raise ValueError(f"samplers: {len(expanded)} with their replicas, more than {MAX_SAMPLERS}")
             self.__dict__["samplers"] = expanded  # not re-validated: each entry already is
-        counts = Counter(node.name or f"sampler-{i}" for i, node in enumerate(self.samplers))
+        counts = Counter(self.sampler_names())
         repeated = sorted(name for name, n in counts.items() if n > 1)
         if repeated:  # a sampler's name is its identity at the learner: its figures, admission, credentials
             raise ValueError(f"samplers: names {repeated[:5]} are used more than once")

@@ -49,7 +49,7 @@ def agreed_settings(cfg: RunConfig) -> dict[str, Any]:
     for dotted in _SINGLE:
         section, key = dotted.split(".")
         out[dotted] = dumped[section][key]
-    out["cluster.samplers.names"] = [node.name or f"sampler-{i}" for i, node in enumerate(cfg.cluster.samplers)]
+    out["cluster.samplers.names"] = cfg.cluster.sampler_names()
     return out
 
 

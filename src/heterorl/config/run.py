@@ -75,7 +75,7 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _adversaries_are_nodes(self) -> RunConfig:
-        names = {node.name or f"sampler-{i}" for i, node in enumerate(self.cluster.samplers)}
+        names = set(self.cluster.sampler_names())
         unknown = sorted(set(self.adversaries) - names)
         if unknown:
             raise ValueError(f"adversaries {unknown} are not sampler nodes (cluster.samplers: {sorted(names)})")

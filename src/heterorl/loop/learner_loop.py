@@ -58,7 +58,6 @@ from heterorl.loop.screen import verify_key as default_verify_key
 from heterorl.loop.staleness import RolloutBuffer, staleness_window
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import GroupLimits
-from heterorl.run.build import node_name
 from heterorl.run.checkpoints import CheckpointPolicy
 from heterorl.run.recorder import RunRecorder
 from heterorl.sampler import VERDICT_INFO
@@ -129,7 +128,7 @@ class LearnerLoop:
         self.publisher = BackgroundPublisher(cfg.weights)
         self.store = self.publisher.store
         self.traffic = WeightTraffic()
-        names = [node_name(cfg, i) for i in range(len(cfg.cluster.samplers))]
+        names = cfg.cluster.sampler_names()
         self.peers = Peers(names)
         self.figures = SamplerFigures.of(names)  # per-sampler figures (guarded by the intake's lock)
         self._answers: OrderedDict[tuple[str, str, int], tuple[tuple[str, ...], Reply]] = OrderedDict()
@@ -158,7 +157,7 @@ class LearnerLoop:
             prompt_ids=text.prompt_ids,
             filter_uniform=cfg.learner.dynamic_sampling,
         )
-        names = [node_name(cfg, i) for i in range(len(cfg.cluster.samplers))]
+        names = cfg.cluster.sampler_names()
         key = verify_key or default_verify_key(cfg, secret=False)
         self.trust = TrustScreen.from_config(cfg, names, recorder.task, text.decode_completions, self.weights_at, key)
         self.intake.screen = self.trust.check

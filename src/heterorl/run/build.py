@@ -58,7 +58,7 @@ def sampler_seed(seed: int, index: int) -> int:
 
 def node_name(cfg: RunConfig, index: int) -> str:
     """The name of sampler node `index`."""
-    return cfg.cluster.samplers[index].name or f"sampler-{index}"
+    return cfg.cluster.samplers[index].name or f"sampler-{index}"  # `ClusterConfig.sampler_names()[index]`
 
 
 def checked_model_path(cfg: RunConfig) -> str | None:
