@@ -709,14 +709,15 @@ def lab_ping(
         with on_interrupt(lambda: measured), WanLab(links, seed=cfg.seed) as lab:
             start_probe_server(lab)
             before = lab.stats()["cpu_s"]
+            names = cfg.cluster.sampler_names()
             for i, node in enumerate(cfg.cluster.samplers):
-                console.print(f"measuring link {i} ({node.name or f'sampler-{i}'}) ...")
+                console.print(f"measuring link {i} ({names[i]}) ...")
                 m = measure_link(lab, i, seconds=seconds, pings=pings)
                 p50, p90 = configured_rtt(node.link)
                 rates = [node.link.bandwidth_of(p) for p in ("rollout", "weights")]
                 cfg_rtt = "trace" if node.link.trace else f"{p50 * 1e3:.1f}/{p90 * 1e3:.1f} ms"
                 table.add_row(
-                    node.name or f"sampler-{i}",
+                    names[i],
                     cfg_rtt,
                     f"{m.rtt_median * 1e3:.1f}/{m.rtt_p90 * 1e3:.1f} ms",
                     f"{_mbps(rates[0])}/{m.upload_mbps:.2f}",

@@ -19,7 +19,6 @@ from heterorl.loop.screen import fingerprint
 from heterorl.metrics import read_metrics
 from heterorl.rollout import RolloutGroup
 from heterorl.rollout_codec import encode_group
-from heterorl.run.build import node_name
 from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.usefixtures("varied_reward")
@@ -104,7 +103,7 @@ def test_a_retried_upload_gets_its_answer_again_and_is_judged_once(live, tiny_mo
     """An upload sent again (its reply was lost or late: the same session, seq and groups) is answered as before
     and changes nothing: its refused group is not charged twice, its slot not settled twice."""
     loop = live.loop
-    name = node_name(loop.cfg, 0)
+    name = loop.cfg.cluster.sampler_name(0)
     forged, other = (forged_rewards(g, name) for g in sample_groups(live, tiny_model_dir, 2))
     body = encode_group(forged)
     upload = Upload(name, "boot", seq=0, version=0, wanted=4, used=1, groups=(body,), digests=(body_digest(body),))

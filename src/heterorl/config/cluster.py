@@ -161,9 +161,13 @@ class ClusterConfig(Strict):
         "to that model's figures. Live clusters refuse it.",
     )
 
+    def sampler_name(self, index: int) -> str:
+        """Sampler `index`'s name: its own, or `sampler-<index>` when it has none."""
+        return self.samplers[index].name or f"sampler-{index}"
+
     def sampler_names(self) -> list[str]:
-        """Each sampler's name, in order: its own, or `sampler-<index>` when it has none."""
-        return [node.name or f"sampler-{i}" for i, node in enumerate(self.samplers)]
+        """Each sampler's name, in order."""
+        return [self.sampler_name(i) for i in range(len(self.samplers))]
 
     @model_validator(mode="after")
     def _expand_replicas(self) -> ClusterConfig:

@@ -29,7 +29,6 @@ from heterorl.console import Bar, progress_bar
 from heterorl.launch.errors import LaunchError
 from heterorl.launch.torchrun import free_port
 from heterorl.live.preflight import check_live_config
-from heterorl.run.build import node_name
 from heterorl.run.recorder import Observer
 from heterorl.transport.http.auth import configured_token, new_token
 
@@ -190,7 +189,7 @@ class RayRun:
         self.host = host
         self.ranks = self._start_learner()
         self.samplers = [self._sampler(i) for i in range(len(cfg.cluster.samplers))]
-        self.restarts = {node_name(cfg, i): 0 for i in range(len(cfg.cluster.samplers))}
+        self.restarts = dict.fromkeys(cfg.cluster.sampler_names(), 0)
 
     def _start_learner(self) -> list[Any]:
         ray, lc = self.ray, self.cfg.ray.learner
@@ -220,7 +219,7 @@ class RayRun:
     def _sampler(self, index: int) -> Any:
         options = _options(self.cfg.ray.sampler_resources(index), self.env, self.cfg.ray.namespace)
         actor_cls = self.ray.remote(SamplerActor)
-        name = self.prefix + node_name(self.cfg, index)
+        name = self.prefix + self.cfg.cluster.sampler_name(index)
         return actor_cls.options(
             **options, name=name, max_restarts=self.cfg.ray.max_restarts, max_task_retries=0
         ).remote()
@@ -282,7 +281,7 @@ class RayRun:
     def _sampler_done(self, ref: Any, pending: dict[Any, int]) -> None:
         """A sampler's run ended: fine once the learner finished; a dead actor is counted and run again."""
         index = pending.pop(ref)
-        name = node_name(self.cfg, index)
+        name = self.cfg.cluster.sampler_name(index)
         try:
             self.ray.get(ref)
         except self.ray.exceptions.RayActorError:
@@ -294,7 +293,7 @@ class RayRun:
 
     def _wait_restarted(self, index: int) -> None:
         """Wait while Ray restarts sampler `index`'s process (calls meanwhile answer ActorUnavailableError)."""
-        errors, name = self.ray.exceptions, node_name(self.cfg, index)
+        errors, name = self.ray.exceptions, self.cfg.cluster.sampler_name(index)
         deadline = time.monotonic() + self.cfg.ray.startup_timeout_s
         while True:
             try:

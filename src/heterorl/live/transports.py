@@ -58,8 +58,7 @@ def check_transport_config(cfg: RunConfig) -> None:
             "transport.store.url is required when transport.weights or transport.rollouts is 'store' "
             "(file:///shared/dir or s3://bucket/prefix)"
         )
-    for i, node in enumerate(cfg.cluster.samplers):
-        name = node.name or f"sampler-{i}"
+    for i, name in enumerate(cfg.cluster.sampler_names()):
         if not _KEY_NAME.match(name):
             raise LiveSetupError(
                 f"cluster.samplers.{i}.name {name!r}: with a store, names may hold only A-Z a-z 0-9 . _ -"

@@ -56,11 +56,6 @@ def sampler_seed(seed: int, index: int) -> int:
     return seed * 1_000_003 + 7919 * (index + 1)
 
 
-def node_name(cfg: RunConfig, index: int) -> str:
-    """The name of sampler node `index`."""
-    return cfg.cluster.samplers[index].name or f"sampler-{index}"  # `ClusterConfig.sampler_names()[index]`
-
-
 def checked_model_path(cfg: RunConfig) -> str | None:
     """`model.path` when set, after checking that it is a transformers checkpoint on this host."""
     path = cfg.model.path
@@ -149,7 +144,7 @@ def build_sampler(cfg: RunConfig, index: int, base: str | None, task: Task | Non
     seed = sampler_seed(cfg.seed, index)
     engine, text = build_engine(cfg, base, seed)
     return Sampler(
-        node_name(cfg, index),
+        cfg.cluster.sampler_name(index),
         engine,
         text,
         task or build_task(cfg),
@@ -164,7 +159,7 @@ def build_sampler(cfg: RunConfig, index: int, base: str | None, task: Task | Non
 def build_adversary(cfg: RunConfig, index: int, base: str | None, seed: int) -> Adversary | None:
     """Sampler `index`'s lies when `adversaries` names it; other_model generates with the base model (the warm
     start it was sent first, never updated) through its own transformers engine."""
-    acfg = cfg.adversaries.get(node_name(cfg, index))
+    acfg = cfg.adversaries.get(cfg.cluster.sampler_name(index))
     if acfg is None:
         return None
     other = None
