@@ -69,7 +69,7 @@ def test_the_lab_and_the_simulator_replay_a_trace_s_delays(tmp_path: Path) -> No
     assert 0.0 <= offset < 0.003
     assert np.median(spread) < 0.001
     assert np.quantile(spread, 0.9) < 0.003
-    # (the quantiles are printed, not compared: a few dozen distinct delays in 150 pings make them jump between neighbours
-    # on a fraction of a millisecond; the per-ping comparison above is the stricter one)
-    # the pings sample the trace's own distribution (150 probes of ~70 values)
+    # (the quantiles are printed, not compared: a few dozen distinct delays in 150 pings make them jump between
+    # neighbours on a fraction of a millisecond; the per-ping comparison above is the stricter one)
+    # the pings sample the trace's own distribution
     assert sim_q == pytest.approx(window, rel=0.25)
