@@ -12,7 +12,10 @@ needed to resist guessing), and a leaked file does not let anyone act as a sampl
 (`hmac.compare_digest`). A store transport has no bearer: there the sampler signs every upload with its own
 Ed25519 key (`sign_upload`: the object is `SIGNED_UPLOAD` | signature | upload, the signature over its sampler name,
 session, seq and the BLAKE2b-256 of the upload), and the learner checks it with the key in the file (`open_upload`),
-so whoever can write the store cannot upload as a sampler, nor under another sampler's prefix.
+so whoever can write the store cannot upload as a sampler, nor under another sampler's prefix. The other way,
+a learner with a key (`trust.learner_private_key`) signs each reply object over the upload's sampler, session and
+seq (`sign_reply`), and a sampler holding its public key reads nothing else (`open_reply`): whoever can write the
+store cannot answer an upload in the learner's place.
 
 Revoking a sampler -- `revoked: true`, or removing its entry -- refuses it from the next request on, without a
 restart and without touching the others: every check first looks at the file's (inode, size, mtime) and reloads
@@ -44,6 +47,8 @@ from heterorl.errors import SetupError
 
 SIGNED_UPLOAD = b"HRLSUP01"
 UPLOAD_DOMAIN = b"heterorl/upload/v1\x00"
+SIGNED_REPLY = b"HRLSRE01"
+REPLY_DOMAIN = b"heterorl/reply/v1\x00"
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")  # cluster.samplers' names
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 MAX_FILE_BYTES = 4 * 2**20
@@ -240,15 +245,43 @@ class CredentialRegistry:
         return self.check_signature(sampler, upload_statement(sampler, session, seq, upload), signature), upload
 
 
+def _statement(domain: bytes, sampler: str, session: str, seq: int, body: bytes) -> bytes:
+    head = f"{sampler}\x00{session}\x00{seq}\x00".encode()
+    return domain + head + hashlib.blake2b(body, digest_size=32).digest()
+
+
 def upload_statement(sampler: str, session: str, seq: int, upload: bytes) -> bytes:
     """What a sampler signs for one store upload: its name, session, seq and the upload's BLAKE2b-256."""
-    head = f"{sampler}\x00{session}\x00{seq}\x00".encode()
-    return UPLOAD_DOMAIN + head + hashlib.blake2b(upload, digest_size=32).digest()
+    return _statement(UPLOAD_DOMAIN, sampler, session, seq, upload)
 
 
 def sign_upload(key: Ed25519PrivateKey, sampler: str, session: str, seq: int, upload: bytes) -> bytes:
     """The store object of a signed upload (`SIGNED_UPLOAD` | 64-byte signature | upload)."""
     return SIGNED_UPLOAD + key.sign(upload_statement(sampler, session, seq, upload)) + upload
+
+
+def sign_reply(key: Ed25519PrivateKey, sampler: str, session: str, seq: int, reply: bytes) -> bytes:
+    """The store object of the learner's signed reply to one upload (`SIGNED_REPLY` | 64-byte signature | reply),
+    signed with the learner's key (`trust.learner_private_key`) over the upload's sampler, session and seq."""
+    return SIGNED_REPLY + key.sign(_statement(REPLY_DOMAIN, sampler, session, seq, reply)) + reply
+
+
+def open_reply(learner: Ed25519PublicKey | None, sampler: str, session: str, seq: int, data: bytes) -> bytes | None:
+    """A reply object's bytes; None when `learner` (its public key) is given and the object is not signed with it
+    for this very upload (unsigned, another key, another upload's reply). Without a key a signature is taken off
+    unchecked, so a sampler that was not given the key still reads a signing learner's replies."""
+    n = len(SIGNED_REPLY) + 64
+    signed = len(data) >= n and data.startswith(SIGNED_REPLY)
+    body = data[n:] if signed else data
+    if learner is None:
+        return body
+    if not signed:
+        return None
+    try:
+        learner.verify(data[len(SIGNED_REPLY) : n], _statement(REPLY_DOMAIN, sampler, session, seq, body))
+    except InvalidSignature:
+        return None
+    return body
 
 
 # ---------------------------------------------------------------- editing the file (the `heterorl keys` commands)

@@ -14,7 +14,8 @@ FIFO, socket, device, symlink or folder: `objects.Listing.skipped`) is never ope
 the others while the learner's queue is nearly full. With `workers` > 1 (`transport.store.intake_workers`, live)
 up to that many sessions are served at once, each still in order: an upload costs a GET, the reply's PUT and a
 DELETE, round trips to the store that one session after another would add up (~0.2 s per upload measured on the
-WAN lab's S3 server, capping the intake near 40 groups/s). The simulator's store takes no time for them.
+WAN lab's S3 server, capping the intake near 40 groups/s). The simulator's store takes no time for them. With the
+learner's key every reply is signed (`identity.sign_reply`), so nobody else can answer an upload.
 
 Also here: `read_heartbeats`, the learner's view of samplers that pull weights from the store (their
 `samplers/<name>.json`), fed to the loop exactly as HTTP pulls are (reports, and their leases renewed).
@@ -32,10 +33,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import xxhash
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.loop.protocol import Reply
-from heterorl.transport.identity import CredentialRegistry
+from heterorl.transport.identity import CredentialRegistry, sign_reply
 from heterorl.transport.store.manifest import REPLIES, SAMPLERS, UPLOADS
 from heterorl.transport.store.objects import ObjectInfo, ObjectMissing, ObjectNotRegular, ObjectStore, ObjectTimeout
 from heterorl.transport.wire import WireError, decode_upload, encode_reply
@@ -64,9 +66,11 @@ class StoreIntake:
         max_groups: int,
         credentials: CredentialRegistry | None = None,
         workers: int = 1,
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
         self.objects, self.loop, self.max_body, self.max_groups = objects, loop, max_body_bytes, max_groups
         self.credentials = credentials  # `trust.credentials`: every upload signed by its sampler's key
+        self.signing_key = signing_key  # `trust.learner_private_key`: every reply signed (`identity.sign_reply`)
         self.counts: Counter[str] = Counter()  # what happened to upload objects (the loop counts the groups)
         self.downloaded = 0
         self.refused_entries: set[str] = set()  # keys of entries that are not regular files, counted already
@@ -161,7 +165,10 @@ class StoreIntake:
 
     def _answer(self, key: str, sampler: str, session: str, seq: int, reply: Reply) -> bool:
         """The reply first, then the upload goes: a crash in between answers it again (idempotently)."""
-        self.objects.put(reply_key(sampler, session, seq), encode_reply(reply))
+        body = encode_reply(reply)
+        if self.signing_key is not None:
+            body = sign_reply(self.signing_key, sampler, session, seq, body)
+        self.objects.put(reply_key(sampler, session, seq), body)
         self.objects.delete(key)
         self._count(reply.refused or "answered")
         return True

@@ -47,8 +47,8 @@ class StoreLearnerSide:
         self.counts: Counter[str] = Counter()
         self.publisher: StorePublisher | None = None
         self.intake: StoreIntake | None = None
+        key = signing_key_from(cfg.trust.learner_private_key)  # signs every object, manifest and reply, when set
         if cfg.transport.weights == "store":
-            key = signing_key_from(cfg.trust.learner_private_key)  # signs every object and manifest, when set
             self.publisher = StorePublisher(
                 objects, loop.store, store_cfg, resume=resume, on_uploaded=self._uploaded, signing_key=key
             )
@@ -64,6 +64,7 @@ class StoreLearnerSide:
                 cfg.cluster.groups_per_upload,
                 credentials,
                 workers=store_cfg.intake_workers,
+                signing_key=key,
             )
         self.cadence = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds)
         self._heartbeats: dict[str, Any] = {}

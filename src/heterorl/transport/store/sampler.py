@@ -6,9 +6,12 @@ the digest: a torn or corrupted object is refused as `corrupt`); its reply appea
 `down/<sampler>/<session>/<seq>.reply`, which the sampler reads at a `Cadence`: at once and then after waits
 doubling from `first_poll_seconds` to `poll_seconds`, so a busy conversation pays no fixed poll per hop. The reply
 is handed over as soon as it is read and deleted in the background (a DELETE is a round trip to the store: over a
-WAN link awaiting it made every exchange one round trip longer). Several uploads are in flight at once, each with
-its own reply to wait for. Store outages are retried with backoff; a store silent for `live.patience_s` raises
-`StoreUnreachableError`, which ends the sampler.
+WAN link awaiting it made every exchange one round trip longer). With the learner's public key a reply must be
+signed by the learner for this upload (`identity.open_reply`): one that is not is counted (`forged_reply`),
+deleted, and the upload is written again, which the learner answers anew (from its retry cache, or `duplicate`
+after a restart: a group is never taken twice); after `MAX_FORGED_REPLIES` the upload is given up as refused.
+Several uploads are in flight at once, each with its own reply to wait for. Store outages are retried with
+backoff; a store silent for `live.patience_s` raises `StoreUnreachableError`, which ends the sampler.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from heterorl.eventlog import EventLog
 from heterorl.loop.protocol import Reply, Upload
 from heterorl.transport.backoff import Backoff
 from heterorl.transport.base import Held
-from heterorl.transport.identity import sign_upload
+from heterorl.transport.identity import open_reply, sign_upload
 from heterorl.transport.in_flight import InFlight
 from heterorl.transport.store.cadence import Cadence
 from heterorl.transport.store.intake import reply_key, upload_key
@@ -36,6 +39,7 @@ from heterorl.transport.wire import WireError, decode_reply, encode_upload
 from heterorl.weights.signing import Authority
 
 MAX_REPLY_BYTES = 1 << 20
+MAX_FORGED_REPLIES = 3  # replies to one upload not signed by the learner before that upload is given up
 
 
 class StoreSamplerSide:
@@ -63,6 +67,7 @@ class StoreSamplerSide:
         # window one update grew carries the next, as the HTTP client's weight connection does
         weights_from = weights_objects if weights_objects is not None else objects
         self.source = StoreWeightSource(weights_from, cfg, live, name, backoff, events, merge, session, authority)
+        self.learner_key = None if authority is None else authority.key  # replies must be signed with it
         self.uploads: Counter[str] = Counter()
         self.requests = InFlight()
         self.failed = self.requests.failed
@@ -84,21 +89,32 @@ class StoreSamplerSide:
         body = encode_upload(upload)
         if self.signing_key is not None:
             body = sign_upload(self.signing_key, self.name, self.session, upload.seq, body)
-        await self._retry(
-            "put upload", lambda: self.objects.put(upload_key(self.name, self.session, upload.seq, body), body)
-        )
+        up_key = upload_key(self.name, self.session, upload.seq, body)
+        await self._retry("put upload", lambda: self.objects.put(up_key, body))
         self.uploads["uploads"] += 1
         key = reply_key(self.name, self.session, upload.seq)
         cadence = Cadence(self.cfg.first_poll_seconds, self.cfg.poll_seconds)
+        forged = 0
         while True:
             try:
                 raw = await self._retry("get reply", lambda: self.objects.get(key, MAX_REPLY_BYTES))
             except ObjectMissing:
                 await asyncio.sleep(cadence.nothing())
                 continue
+            reply = open_reply(self.learner_key, self.name, self.session, upload.seq, raw)
+            if reply is None:  # not the learner's: gone before the upload goes again, which the learner answers
+                forged += 1
+                self.uploads["forged_reply"] += 1
+                detail = f"upload {upload.seq}: a reply not signed by the learner"
+                self.events.emit("store", fault="forged_reply", detail=detail)
+                await self._retry("delete reply", lambda: self.objects.delete(key))
+                if forged > MAX_FORGED_REPLIES:
+                    return Reply(seq=upload.seq, refused="malformed", detail=f"{forged} forged replies, given up")
+                await self._retry("put upload", lambda: self.objects.put(up_key, body))
+                continue
             self.requests.run(self._retry("delete reply", lambda: self.objects.delete(key)), lambda _: None)
             try:
-                return decode_reply(raw, len(upload.groups))
+                return decode_reply(reply, len(upload.groups))
             except WireError as err:  # a reply that is not one: count it and let the learner answer again
                 self.uploads["bad_reply"] += 1
                 self.events.emit("store", fault="bad_reply", detail=str(err)[:300])
