@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format install clean vllm test-vllm test-distributed test-ray test-wanlab test-heavy bench
+.PHONY: demo test lint format install clean vllm test-vllm test-distributed test-ray test-wanlab test-processes test-heavy bench
 
 $(STAMP): pyproject.toml constraints.txt setup.py src/heterorl/weights/native/pulse.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ bench: $(STAMP)
 test-distributed: $(STAMP)
 	$(BIN)/python -m pytest -q -m distributed
 
+test-processes: $(STAMP)
+	$(BIN)/python -m pytest -q -m processes
+
 test-ray: $(STAMP)
 	$(BIN)/python -m pip install -q -c constraints.txt "torch==2.13.0" -e ".[ray]"
 	$(BIN)/python -m pytest -q -m ray
@@ -42,7 +45,7 @@ test-ray: $(STAMP)
 test-wanlab: $(STAMP)
 	$(BIN)/python -m pytest -q -m wanlab tests/lab
 
-test-heavy: test-distributed test-ray test-vllm
+test-heavy: test-processes test-distributed test-ray test-vllm
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -271,6 +271,7 @@ def test_the_alias_bomb_is_refused_before_it_is_built(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.processes
 def test_a_refusal_under_torchrun_is_two_lines(tmp_path: Path) -> None:
     """`heterorl learner --nproc 2 --resume` on a directory it cannot continue: rank 0's own line, then the
     launcher's line naming the rank (torchrun's traceback and the follower's reaction stay out of sight)."""

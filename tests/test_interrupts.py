@@ -19,7 +19,10 @@ import pytest
 
 from heterorl.cli_errors import INTERRUPTED_PREFIX, SOFT_STOP_LINE
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes")
+pytestmark = [
+    pytest.mark.processes,  # `make test-processes`
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc for child processes"),
+]
 
 
 def start(args: list[str], cwd: Path) -> subprocess.Popen[str]:

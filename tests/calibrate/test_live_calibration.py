@@ -17,6 +17,8 @@ from heterorl.live.launcher import run_live
 from heterorl.report import make_report
 from heterorl.simulated.run import execute
 
+pytestmark = pytest.mark.processes  # `make test-processes`
+
 DELAYS = {"a": (0.2, 0.3), "b": (0.05, 0.1)}  # sampler -> (weights, rollout) one-way delay, seconds
 TOLERANCE_S = 0.1  # what the learner's handling, loopback HTTP and a loaded 2-core machine may add
 

@@ -41,6 +41,7 @@ def trained_lineage(*logs: Path) -> dict[int, list[str]]:
     return lineage
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize(
     "failpoint",
     [None, "journal.appended:6"],

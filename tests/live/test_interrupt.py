@@ -21,6 +21,8 @@ from heterorl.config import config_to_yaml
 from heterorl.eventlog import read_events
 from live.test_processes import processes, state_group_ids  # noqa: F401 (its reward module and environment)
 
+pytestmark = pytest.mark.processes  # `make test-processes`
+
 HETERORL = str(Path(sys.executable).parent / "heterorl")
 
 

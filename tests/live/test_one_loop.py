@@ -27,6 +27,7 @@ def _clock_free(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not CLOCK_DEPENDENT.match(k)} for r in records]
 
 
+@pytest.mark.processes
 def test_a_live_run_writes_the_metrics_of_the_simulated_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HETERORL_VERIFY_KEY", "one key for both clocks")  # a live learner's is random by default
     cfg = smoke_config("learner.steps=6", "eval.every=3", "weights.codec=pulse", "weights.snapshot_every=4")
@@ -59,6 +60,7 @@ def digits_reward(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "live_rewards:digits"
 
 
+@pytest.mark.processes
 def test_lora_bf16_chat_template_and_frictions_run_live_end_to_end(
     tmp_path: Path, qwen_dir: Path, digits_reward: str
 ) -> None:
@@ -118,6 +120,7 @@ def test_a_sampler_without_the_learners_chat_template_is_refused(tmp_path: Path,
     loop.publisher.close()
 
 
+@pytest.mark.processes
 def test_admission_bounds_the_staleness_of_every_group_trained_live(tmp_path: Path, tiny_model_dir: Path) -> None:
     eta = 1
     cfg = tiny_config(

@@ -23,6 +23,8 @@ from heterorl.eventlog import read_events
 from heterorl.metrics import read_metrics
 from heterorl.rollout_codec import GroupLimits, decode_group
 
+pytestmark = pytest.mark.processes  # `make test-processes`
+
 TOKEN = "process-test-token-" + "z" * 20
 REWARD_SOURCE = "def length(prompt, completion, answer, **info):\n    return float(len(completion))\n"
 

@@ -17,6 +17,8 @@ from heterorl.config import config_to_yaml
 from heterorl.eventlog import read_events
 from live.test_processes import Processes, processes, status, wait_until  # noqa: F401 (a fixture)
 
+pytestmark = pytest.mark.processes  # `make test-processes`
+
 
 def test_lost_uploads_and_a_sampler_killed_holding_slots_do_not_stop_the_run(
     tmp_path: Path,

@@ -54,6 +54,7 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
+@pytest.mark.processes
 def test_run_live_writes_the_run_directory_of_the_simulated_mode(
     tmp_path: Path, tiny_model_dir: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:
@@ -81,6 +82,7 @@ def test_run_live_writes_the_run_directory_of_the_simulated_mode(
     assert len(finished) == 2  # both samplers heard the run was over and left on their own
 
 
+@pytest.mark.processes
 def test_run_live_ends_its_children_when_it_fails(
     tmp_path: Path, tiny_model_dir: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:

@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import tiny_config
 from heterorl.config import config_to_yaml
 from heterorl.eventlog import read_events
 from heterorl.transport.identity import add_sampler, revoke_sampler
 from heterorl.weights.signing import write_keypair
 from live.test_processes import Processes, processes, status, wait_until  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.processes  # `make test-processes`
 
 
 def test_samplers_with_their_own_tokens_apply_only_signed_weights_and_a_revoked_one_stops(
