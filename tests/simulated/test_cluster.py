@@ -1,18 +1,21 @@
 """The simulated cluster: staleness follows the network, control rules hold, faults are survived and counted, runs
 are deterministic."""
 
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import capture_records, tiny_config
+from heterorl.loop.publisher import BackgroundPublisher
 from heterorl.loop.staleness import RolloutBuffer
 from heterorl.metrics import read_metrics
 from heterorl.rollout import RolloutGroup
 from heterorl.simulated.cluster import SimulatedCluster
 from heterorl.simulated.run import build_simulated, execute
 from heterorl.weights import state_hash
+from heterorl.weights.store import Published
 
 
 def build(run_dir: Path, model_dir: Path, *overrides: str) -> tuple[SimulatedCluster, list[dict]]:
@@ -232,6 +235,31 @@ def test_same_config_and_seed_give_identical_metrics(tiny_model_dir: Path, tmp_p
     other = tiny_config(tiny_model_dir, *overrides, "seed=1")
     execute(other, tmp_path / "c", show_progress=False)
     assert _strip_wall(read_metrics(tmp_path / "c" / "metrics.jsonl")) != runs[0]
+
+
+def test_what_the_verifier_can_rebuild_does_not_hang_on_the_publishing_thread(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A version published as a snapshot alone leaves no patch record, so the versions before it cannot be rebuilt
+    once it is in the store: a run that publishes inline and one whose publishing thread is slow must verify the
+    same groups."""
+    link = "{weights_delay: {kind: exponential, mean: 5}, rollout_delay: {kind: exponential, mean: 1}}"
+    overrides = [*nodes(*[f"{{tokens_per_second: {s}, link: {link}}}" for s in (20, 10, 5)]), "cluster.mode=async"]
+    overrides += ["cluster.max_staleness=4", "cluster.learner_step_seconds=2", "trust.verify.fraction=1.0"]
+    execute(tiny_config(tiny_model_dir, *overrides, "weights.overlap=false"), tmp_path / "a", show_progress=False)
+    publish = BackgroundPublisher._publish
+
+    def slow(self: BackgroundPublisher, version: int, weights: dict) -> Published:
+        time.sleep(0.5)
+        return publish(self, version, weights)
+
+    monkeypatch.setattr(BackgroundPublisher, "_publish", slow)
+    execute(tiny_config(tiny_model_dir, *overrides), tmp_path / "b", show_progress=False)
+    a, b = (_strip_wall(read_metrics(tmp_path / n / "metrics.jsonl")) for n in "ab")
+    last = [r for r in a if r["kind"] == "train"][-1]
+    assert last["trust/verified_total"] > 0
+    assert last["trust/unverifiable_total"] > 0
+    assert a == b
 
 
 def test_patch_sync_gives_the_same_training_as_full_sync(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -220,6 +220,11 @@ class LearnerLoop:
         be running), older ones rebuilt by the store (`WeightStore.weights_at`; LookupError when it cannot)."""
         if version == self.published_version:
             return self.published_weights
+        # the store must hold every published version first: an older version can be rebuilt only through the
+        # patch records of the versions after it, and a version published as a snapshot alone has none, so what
+        # can be rebuilt must not hang on whether the publishing thread is done (a simulated run verified a group
+        # in one run and found it `unverifiable` in the next: "no patch record for version 1")
+        self.publisher.wait()
         return self.store.weights_at(version)
 
     def offer(self, body: bytes, digest: str | None = None, sender: str | None = None) -> Verdict:

@@ -69,6 +69,13 @@ class BackgroundPublisher:
             self._last, self._pending = self._pending.result(), None
         return self._last
 
+    def wait(self) -> None:
+        """Wait until the pending publication, if any, is in the store, without taking it over (`submit` and
+        `result` belong to the training thread; any thread may wait)."""
+        pending = self._pending
+        if pending is not None:
+            pending.result()
+
     @property
     def last_complete(self) -> Published | None:
         """The newest publication that is complete, without waiting."""
