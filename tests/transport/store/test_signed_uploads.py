@@ -103,7 +103,7 @@ def test_a_reply_the_learner_did_not_sign_is_not_believed(
     intake = StoreIntake(
         objects, live.loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload, signing_key=learner_key
     )
-    groups = [encode_group(g) for g in sample_groups(live, tiny_model_dir, 5)]
+    groups = [encode_group(g) for g in sample_groups(live, tiny_model_dir, 6)]
     backoff = Backoff(0.01, 0.05, random.Random(0))
     args = (objects, cfg.transport.store, cfg.live, "sampler-0", "b00t", backoff, EventLog(io.StringIO()))
 
@@ -161,7 +161,7 @@ def test_a_reply_the_learner_did_not_sign_is_not_believed(
         async def keyless() -> Reply:
             side = StoreSamplerSide(*args, lambda p: p, lambda: (None, 0))
             replies: list = []
-            side.exchange(upload_of(3), replies.append)
+            side.exchange(upload_of(5), replies.append)  # (3's reply key may still hold a forgery: a new upload)
             while not replies:
                 await asyncio.to_thread(intake.poll)
                 await asyncio.sleep(0.02)
