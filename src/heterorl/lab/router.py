@@ -116,7 +116,7 @@ class Router:
         for shaper in self.shapers[index].values():
             shaper.cond.outages = shaper.cond.outages.union(window)
 
-    def _wait(self, now: float, sleep) -> float:
+    def _wait(self, now: float) -> float:
         """The epoll timeout until the next delivery. epoll counts whole milliseconds, rounded up (a packet due in
         0.3 ms would leave 1 ms late, twice per round trip): the whole milliseconds are left to epoll, the rest is
         slept off in slices of at most `FINE_SLICE`, so a packet that comes in meanwhile is read that much late."""
@@ -126,7 +126,7 @@ class Router:
         if wait >= 0.001:
             return int(wait * 1000) / 1000
         if wait > 0:
-            sleep(min(wait, FINE_SLICE))
+            time.sleep(min(wait, FINE_SLICE))
         return 0.0
 
     def serve(self, control: int) -> None:
@@ -139,9 +139,8 @@ class Router:
         poller.register(control, select.EPOLLIN)
         pending = b""
         t0, monotonic, read = self.t0, time.monotonic, os.read
-        sleep = time.sleep
         while True:
-            timeout = self._wait(monotonic() - t0, sleep)
+            timeout = self._wait(monotonic() - t0)
             for fd, _ in poller.poll(timeout):
                 if fd == control:
                     chunk = read(control, 4096)

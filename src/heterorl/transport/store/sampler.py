@@ -9,7 +9,8 @@ is handed over as soon as it is read and deleted in the background (a DELETE is 
 WAN link awaiting it made every exchange one round trip longer). With the learner's public key a reply must be
 signed by the learner for this upload (`identity.open_reply`): one that is not is counted (`forged_reply`),
 deleted, and the upload is written again, which the learner answers anew (from its retry cache, or `duplicate`
-after a restart: a group is never taken twice); after `MAX_FORGED_REPLIES` the upload is given up as refused.
+after a restart: a group is never taken twice); at the forged reply after `MAX_FORGED_REPLIES` such rewrites the
+upload is given up as refused.
 Several uploads are in flight at once, each with its own reply to wait for. Store outages are retried with
 backoff; a store silent for `live.patience_s` raises `StoreUnreachableError`, which ends the sampler.
 """
@@ -39,7 +40,7 @@ from heterorl.transport.wire import WireError, decode_reply, encode_upload
 from heterorl.weights.signing import Authority
 
 MAX_REPLY_BYTES = 1 << 20
-MAX_FORGED_REPLIES = 3  # replies to one upload not signed by the learner before that upload is given up
+MAX_FORGED_REPLIES = 3  # an upload written again this often after forged replies; the next forgery gives it up
 
 
 class StoreSamplerSide:
