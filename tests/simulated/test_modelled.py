@@ -15,7 +15,8 @@ from heterorl.cli import app
 from heterorl.config import ConfigError, config_to_yaml, load_config, validate_config
 from heterorl.live.preflight import LiveSetupError, check_live_config
 from heterorl.simulated.run import build_simulated
-from heterorl.transport.simulated.modelled import ModelledSizes
+from heterorl.transport.simulated.modelled import ModelledSizes, modelled_note
+from heterorl.transport.wire import UPLOAD_MAGIC, decode_upload
 from heterorl.weights import WeightStore
 from heterorl.weights.codecs import make_codec
 from heterorl.weights.envelope import envelope_nbytes
@@ -121,6 +122,107 @@ def test_a_modelled_snapshot_takes_its_size_over_the_link(tmp_path: Path, tiny_m
     for (before, _), (version, nbytes) in pairwise(sent):
         assert 0 < nbytes - sizes.patch_nbytes(version - before) < 1000
     assert traffic.total_bytes == sum(n for _, n in sent)
+
+
+# ---------------------------------------------------------------- codec time and upload sizes
+CODEC = (
+    "cluster.modelled={parameters: 1000000000, encode_gb_per_second: 0.5, decode_gb_per_second: 4.0, "
+    "upload_bytes_per_group: 100000}"
+)
+
+
+def test_modelled_codec_times_and_upload_sizes_are_the_formula_computed_by_hand() -> None:
+    """1e9 bf16 parameters = 2e9 bytes: encoded at 0.5 GB/s in 4 s, decoded at 4 GB/s in 0.5 s; an upload of 100
+    bytes carrying groups of 10 and 20 bytes is charged 100 - 30 + 2 x 100,000; without the fields, nothing."""
+    sizes = ModelledSizes.from_config(load_config(None, [CODEC]))
+    assert sizes is not None
+    assert (sizes.encode_seconds, sizes.decode_seconds) == (4.0, 0.5)
+    body, groups = bytes(100), (bytes(10), bytes(20))
+    assert sizes.upload_nbytes(body, groups) == 200_070
+    plain = ModelledSizes.from_config(load_config(None, [BILLION]))
+    assert plain is not None
+    assert (plain.encode_seconds, plain.decode_seconds, plain.upload_nbytes(body, groups)) == (0.0, 0.0, 100)
+    assert "encode 4 s per version, decode 0.5 s per update, uploads 100 kB per group" in str(
+        modelled_note(load_config(None, [CODEC]), 1000)
+    )
+
+
+def _codec_run(tmp_path: Path, model_dir: Path, *overrides: str):
+    """A 6-step run with the 1e9 plan's codec times (encode 4 s, decode 0.5 s) and 1 s learner steps, with the
+    virtual times at which versions were published and samplers applied them, and the uploads' charged sizes."""
+    link = "{weights_delay: {kind: fixed, seconds: 2}, weights_bandwidth_mbps: 1000}"
+    cfg = tiny_config(
+        model_dir,
+        f"cluster.samplers=[{{tokens_per_second: 1000, link: {link}}}, {{tokens_per_second: 500, link: {link}}}]",
+        "cluster.mode=async",
+        "cluster.learner_step_seconds=1",
+        "weights.codec=pulse",
+        CODEC,
+        *overrides,
+    )
+    (tmp_path / "run").mkdir()
+    cluster = build_simulated(cfg, tmp_path / "run", str(model_dir))
+    published: dict[int, float] = {}
+    applied: list[tuple[float, int]] = []
+    uploads: list[tuple[int, int, int, int]] = []  # charged, body and groups' bytes, groups: each upload sent
+    link_published = cluster.link.published
+
+    def spy_published(version: int) -> None:
+        published[version] = cluster.events.now
+        link_published(version)
+
+    cluster.link.published = spy_published
+    for sim in cluster.nodes:
+        receive, send = sim.worker.receive, sim.side.up.send
+
+        def spy_receive(update, receive=receive) -> bool:
+            applied.append((cluster.events.now, update.version))
+            return receive(update)
+
+        def spy_send(now, payload, nbytes=None, send=send):
+            if payload.startswith(UPLOAD_MAGIC):
+                upload = decode_upload(payload)
+                uploads.append((nbytes, len(payload), sum(len(g) for g in upload.groups), len(upload.groups)))
+            return send(now, payload, nbytes)
+
+        sim.worker.receive, sim.side.up.send = spy_receive, spy_send
+    cluster.run()
+    return cluster, published, applied, uploads
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_version_is_served_after_its_encode_and_applied_after_its_decode(
+    tmp_path: Path, tiny_model_dir: Path, overlap: bool
+) -> None:
+    """Each version leaves the learner 4 s (its encode) after it was published and is applied 2 s (the delay) +
+    its transfer + 0.5 s (the decode) later; a step's commit waits for the previous version's encode (versions at
+    least 4 s apart although a step costs 1 s), and without overlap the next step waits for it too (5 s apart)."""
+    cluster, published, applied, uploads = _codec_run(tmp_path, tiny_model_dir, f"weights.overlap={overlap}")
+    assert cluster.loop.done
+    versions = sorted(published)
+    assert versions[0] == 0
+    assert len(versions) >= 6
+    gaps = [published[b] - published[a] for a, b in pairwise(versions[1:])]
+    assert min(gaps) >= (4.0 if overlap else 5.0) - 1e-9, gaps
+    assert applied
+    for at, version in applied:
+        assert at >= published[version] + 4.0 + 2.0 + 0.5 - 1e-9, (at, version, published[version])
+    first = min(at for at, v in applied if v == 0)  # v0's snapshot: 2e9 bytes at 1 Gbit/s = 16 s
+    assert first == pytest.approx(4.0 + 16.0 + 2.0 + 0.5, abs=1e-3)
+    assert uploads
+    for charged, body, groups, n in uploads:  # each group at 100,000 bytes, the frame and header as sent
+        assert charged == body - groups + n * 100_000
+
+
+def test_without_codec_figures_a_plan_times_nothing_but_the_transfers(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The same run with the sizes alone: versions a step apart, uploads at their real size."""
+    _, published, applied, uploads = _codec_run(tmp_path, tiny_model_dir, "cluster.modelled={parameters: 1000000000}")
+    versions = sorted(published)
+    gaps = [published[b] - published[a] for a, b in pairwise(versions[1:])]
+    assert min(gaps) < 4.0
+    assert all(charged == body for charged, body, _, _ in uploads)
+    first = min(at for at, v in applied if v == 0)
+    assert first == pytest.approx(16.0 + 2.0, abs=1e-3)
 
 
 # ---------------------------------------------------------------- config

@@ -10,10 +10,16 @@ figures -- is the large model's (`heterorl.transport.simulated.modelled`):
     patch over k learner steps = parameters * (1 - (1 - changed_fraction)^k) * bytes_per_changed
 
 (a merged patch rewrites the union of what k steps changed, each step changing an independent `changed_fraction`
-of the elements: an upper bound, since positions that step back cancel). Compute costs are the cluster's own
-fields, set to the large model's figures: `cluster.learner_step_seconds`, `learner_seconds_per_token`,
-`learner_seconds_per_group` and each sampler's `tokens_per_second`. Live clusters refuse the section
-(`heterorl.live.preflight`): a real network carries the real bytes.
+of the elements: an upper bound, since positions that step back cancel). Optionally, what the large model's
+updates and rollouts cost beside their transfer:
+
+    encode at the learner  = parameters * wire bytes / encode_gb_per_second     (every published version)
+    decode at a sampler    = parameters * wire bytes / decode_gb_per_second     (every update it applies)
+    an upload              = its frame + groups * upload_bytes_per_group         (instead of the small groups' bytes)
+
+Compute costs are the cluster's own fields, set to the large model's figures: `cluster.learner_step_seconds`,
+`learner_seconds_per_token`, `learner_seconds_per_group` and each sampler's `tokens_per_second`. Live clusters
+refuse the section (`heterorl.live.preflight`): a real network carries the real bytes.
 """
 
 from __future__ import annotations
@@ -56,6 +62,32 @@ class ModelledConfig(Strict):
         le=16.0,
         description="Patch bytes per changed element: 1.164 measured at 1e9 parameters with 1% changes, 1.008 with "
         "4.2% (codec pulse; pulse-ctx ~0.78 at 2.6%; docs/weight-sync.md).",
+    )
+
+    encode_gb_per_second: float | None = Field(
+        None,
+        gt=0.0,
+        le=10_000.0,
+        description="GB of the modelled raw weights (parameters x wire-dtype bytes) the learner's publish encodes per "
+        "second (diff scan, patch and snapshot coding): a version is served that long after its step, beside the "
+        "next step, and a step's commit waits for the previous publish. heterorl's kernels: ~1-1.5 GB/s per thread "
+        "(`benchmarks/codec_speed.py`). None: encoding takes no virtual time.",
+    )
+    decode_gb_per_second: float | None = Field(
+        None,
+        gt=0.0,
+        le=10_000.0,
+        description="GB of the modelled raw weights a sampler decodes and checks per second: an update is applied "
+        "that long after it arrived, while the sampler keeps generating with what it holds. ~1.3-2 GB/s per thread "
+        "for a checked patch decode (`benchmarks/codec_speed.py`). None: decoding takes no virtual time.",
+    )
+    upload_bytes_per_group: int | None = Field(
+        None,
+        ge=1,
+        le=10**10,
+        description="Bytes of one rollout group's upload at the modelled model's completion lengths (about 12 per "
+        "token: id, behaviour log-prob, version, as `heterorl.rollout_codec` encodes them, before compression); "
+        "None: uploads cost the small model's real bytes.",
     )
 
     def label(self) -> str:

@@ -5,6 +5,10 @@ Generation, training and weight encoding run for real (`heterorl.loop`); only ti
 - a learner step costs `learner_step_seconds + learner_seconds_per_token * tokens`, then its commit
   `learner_commit_seconds` (+ `learner_eval_seconds` when it evaluates) before the next step starts (the version
   is published when the step's cost has passed; the commit's time is not counted busy, as live);
+- with a large-cluster plan's codec speeds (`cluster.modelled`), a version is served its encode time after the
+  step, a step's commit waits for the previous version's encode (one publish at a time, as live; without
+  `weights.overlap` the next step waits for its own), and a sampler applies an update its decode time after it
+  arrived (`transport.simulated.link`);
 - every message of the conversation crosses its link as a live transport would carry it
   (`heterorl.transport.simulated`: uploads and replies, weight pulls and long-polls; or the object store's puts,
   listings and polls), with the link's delays, bandwidth and faults.
@@ -93,6 +97,7 @@ class SimulatedCluster:
     # ------------------------------------------------------------------ running
     def run(self) -> None:
         self.loop.start()
+        self.link.published(self.loop.published_version)  # the first version is served once it is encoded
         if self.store is not None:
             self.store.published(self.loop.published_version)  # the first version's objects go up too
         for sim, node_cfg in zip(self.nodes, self.cc.samplers, strict=True):
@@ -148,6 +153,10 @@ class SimulatedCluster:
         self.events.schedule_in(cost, self._train_done, result, cost, label=f"learner step {self.loop.learner.version}")
 
     def _train_done(self, result: StepResult, cost: float) -> None:
+        if self.events.now < self.link.ready_at:  # the previous version is still being encoded (a plan's figure)
+            label = f"learner commit {self.loop.learner.version} waits for the publish"
+            self.events.schedule(self.link.ready_at, self._train_done, result, cost, label=label)
+            return
         self.learner_busy = False
         self.link.settle()  # before the next publish moves the store on, and before the record counts the traffic
         self.loop.commit(result, busy_seconds=cost)  # publish (overlaps the next step: ParaBlock), record, evaluate
@@ -157,6 +166,8 @@ class SimulatedCluster:
         if self.store is not None:
             self.store.published(self.loop.published_version)
         pause = self.cc.learner_commit_seconds + self.cc.learner_eval_seconds * self.loop.evaluated
+        if not self.cfg.weights.overlap:  # the publish runs in the commit: the next step waits for its encode
+            pause += self.link.encode_s
         if pause > 0.0:  # the commit's own time: the version is out, the next step waits (not counted busy)
             self.learner_busy = True
             self.events.schedule_in(pause, self._committed, label=f"learner commit {self.loop.learner.version}")

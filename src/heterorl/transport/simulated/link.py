@@ -22,6 +22,9 @@ settled, in sending order, before bytes go out on the uplink and before the next
 
 With `cluster.modelled` an update's size is a larger model's (`transport.simulated.modelled`): the small model's
 update is what the sampler applies, the modelled size is what the uplink, the path and the traffic figures charge.
+When the plan gives the large model's codec speeds, a published version is served only once its encode is done
+(`ready_at`; pulls meanwhile wait as long-polls do) and an update is applied its decode time after it arrived;
+uploads are charged at the large model's group size when the plan gives one.
 """
 
 from __future__ import annotations
@@ -117,8 +120,16 @@ class SimSamplerSide:
         return self.learner.share_weights and not self.weights.lossy
 
     # ------------------------------------------------------------------ uploads
+    @property
+    def decode_s(self) -> float:
+        """Virtual seconds between an update's arrival and its use (the modelled decode; 0 without a plan)."""
+        modelled = self.learner.modelled
+        return 0.0 if modelled is None else modelled.decode_seconds
+
     def exchange(self, upload: Upload, done: Callable[[Reply | None], None]) -> None:
         body = encode_upload(upload)
+        modelled = self.learner.modelled
+        nbytes = None if modelled is None else modelled.upload_nbytes(body, upload.groups)
         first = self.events.now
         state = {"answered": False, "attempt": 0, "sent": first}
 
@@ -142,7 +153,7 @@ class SimSamplerSide:
             state["attempt"] += 1
             state["sent"] = self.events.now
             number = state["attempt"]
-            for d in self.up.send(self.events.now, body):
+            for d in self.up.send(self.events.now, body, nbytes):
                 label = f"upload {upload.seq} {self.name}"
                 self.events.schedule(d.at, self._arrive_upload, d.payload, lambda b: answer(b, number), label=label)
             self.events.schedule_in(self.liveness.timeout(), timeout, number, label=f"{self.name} upload timeout")
@@ -188,7 +199,9 @@ class SimSamplerSide:
         attempt()
 
     def deliver(self, message: Any, nbytes: int, start: float, done: Callable[[Any], None]) -> None:
-        """Send a pull's answer (bytes or a small marker) over the weights path from `start`."""
+        """Send a pull's answer (bytes or a small marker) over the weights path from `start`; an update is handed
+        over its decode time after it arrived."""
+        decode = 0.0 if message is None or message == FINISHED else self.decode_s
         if isinstance(message, bytes) and self.weights.lossy:
             deliveries = self.weights.send(start, message, nbytes)
             if not deliveries:  # lost: the client times out and asks again (the node pulls again on None)
@@ -196,9 +209,10 @@ class SimSamplerSide:
                 at = start + self.liveness.timeout()
                 self.events.schedule(at, done, None, label=f"weights lost -> {self.name}")
                 return
-            self.events.schedule(deliveries[0].at, done, deliveries[0].payload, label=f"weights -> {self.name}")
+            at = deliveries[0].at + decode
+            self.events.schedule(at, done, deliveries[0].payload, label=f"weights -> {self.name}")
             return
-        at = self.weights.arrival(start, nbytes)
+        at = self.weights.arrival(start, nbytes) + decode
         self.events.schedule(at, done, message, label=f"weights -> {self.name}")
 
     def faults(self) -> dict[str, dict[str, int]]:
@@ -228,6 +242,8 @@ class SimLearnerSide:
         self.on_upload = on_upload  # the driver's hook after every upload the learner took in
         self.uplink = SimUplink(cfg.cluster.learner_uplink_mbps)
         self.modelled = ModelledSizes.from_config(cfg)  # None: updates cost their real bytes
+        self.encode_s = 0.0 if self.modelled is None else self.modelled.encode_seconds
+        self.ready_at = 0.0  # when the newest published version's (modelled) encode is done: served from then on
         self.parked: list[ParkedPull] = []
         self.pending: list[PendingSend] = []
         self.finished = False
@@ -270,15 +286,23 @@ class SimLearnerSide:
             pull.side.deliver(FINISHED, HEAD_BYTES, self.events.now, pull.done)
             return
         side = pull.side
+        if self.events.now < self.ready_at:  # the newest version is still being encoded: answered once it is (or
+            self._park(pull, wait_s)  # when the long-poll ends; a sampler holding nothing waits for it)
+            return
         current = side.sent is not None and side.shares and side.sent[0] == loop.published_version
         if not side.shares:
             held = pull.held()
             current = held[0] == loop.published_version and held[1] == self._latest_hash()
         if current and wait_s > 0.0:
-            pull.handle = self.events.schedule_in(wait_s, self._expire, pull, label=f"long-poll {side.name} ends")
-            self.parked.append(pull)
+            self._park(pull, wait_s)
             return
         self._answer(pull)
+
+    def _park(self, pull: ParkedPull, wait_s: float) -> None:
+        if wait_s > 0.0:
+            label = f"long-poll {pull.side.name} ends"
+            pull.handle = self.events.schedule_in(wait_s, self._expire, pull, label=label)
+        self.parked.append(pull)
 
     def _expire(self, pull: ParkedPull) -> None:
         if pull in self.parked:
@@ -286,17 +310,26 @@ class SimLearnerSide:
             pull.side.deliver(None, HEAD_BYTES, self.events.now, pull.done)
 
     def published(self, version: int) -> None:
-        """A version was published: answer every waiting pull."""
+        """A version was published: answer every waiting pull, once its modelled encode is done."""
+        if self.encode_s > 0.0:
+            self.ready_at = self.events.now + self.encode_s
+            self.events.schedule(self.ready_at, self._serve_parked, label=f"v{version} encoded")
+            return
+        self._serve_parked()
+
+    def _serve_parked(self) -> None:
         parked, self.parked = self.parked, []
         for pull in parked:
-            pull.handle.cancel()
+            if pull.handle is not None:
+                pull.handle.cancel()
             self._answer(pull)
 
     def finish(self) -> None:
         self.finished = True
         parked, self.parked = self.parked, []
         for pull in parked:
-            pull.handle.cancel()
+            if pull.handle is not None:
+                pull.handle.cancel()
             pull.side.deliver(FINISHED, HEAD_BYTES, self.events.now, pull.done)
 
     def _latest_hash(self) -> str | None:
@@ -336,19 +369,19 @@ class SimLearnerSide:
         side.sent = (update.version, update)
         label = f"weights v{update.version} -> {side.name}"
         if not path.deferrable:
-            self.settle()
-            assert send.arrival is not None
-            self.events.schedule(send.arrival, pull.done, update, label=label)
+            self.events.schedule(self._arrival(send), pull.done, update, label=label)
         elif path.unlimited and self.uplink.bandwidth_mbps is None:
             send.arrival = path.arrive(now, 0, send.delay)  # its bytes are added to the path when settled
-            self.events.schedule(send.arrival, pull.done, update, label=label)
+            self.events.schedule(send.arrival + side.decode_s, pull.done, update, label=label)
         else:
-            self.events.schedule_deferred(now + send.delay, lambda: self._arrival(send), pull.done, update, label=label)
+            at_least = now + send.delay + side.decode_s
+            self.events.schedule_deferred(at_least, lambda: self._arrival(send), pull.done, update, label=label)
 
     def _arrival(self, send: PendingSend) -> float:
+        """When a by-reference update is handed to its sampler: its settled arrival plus the modelled decode."""
         self.settle()
         assert send.arrival is not None
-        return send.arrival
+        return send.arrival + send.side.decode_s
 
     def settle(self) -> None:
         """Settle every pending by-reference send, in sending order, as the bytes path would have charged it when

@@ -13,6 +13,11 @@ changed element (`heterorl.config.modelled`). The frame is the real update's env
 less the blobs). Whether a patch can be served at all (h retained, every record since kept, the chain within
 `weights.max_chain`), the snapshot cadence and the codec are the real store's; a sampler with nothing usable gets
 the snapshot. The full codec has no patches, so every update is charged a snapshot.
+
+Beside the sizes, when the plan gives them (else zero, as in every simulated run): the learner's encode of each
+version (`encode_seconds`: P * wire bytes / encode rate; the version is served that long after its step) and a
+sampler's decode of each update (`decode_seconds`, at the decode rate; applied that long after it arrived), and
+the size of an upload at the large model's completion lengths (`upload_nbytes`).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ class ModelledSizes:
     changed_fraction: float
     bytes_per_changed: float
     wire_bytes: int  # bytes per element of the wire dtype: what raw weights cost
+    encode_gb_per_second: float | None = None
+    decode_gb_per_second: float | None = None
+    upload_bytes_per_group: int | None = None
 
     @classmethod
     def from_config(cls, cfg: RunConfig) -> ModelledSizes | None:
@@ -42,12 +50,40 @@ class ModelledSizes:
             return None
         wire = WIRE_BYTES[cfg.weights.wire_dtype]
         per_param = wire if m.snapshot_bytes_per_parameter is None else m.snapshot_bytes_per_parameter
-        return cls(m.parameters, per_param, m.changed_fraction, m.bytes_per_changed, wire)
+        return cls(
+            m.parameters,
+            per_param,
+            m.changed_fraction,
+            m.bytes_per_changed,
+            wire,
+            m.encode_gb_per_second,
+            m.decode_gb_per_second,
+            m.upload_bytes_per_group,
+        )
 
     @property
     def full_nbytes(self) -> int:
         """The raw wire-dtype weights (what `sync/full_bytes` compares with)."""
         return self.parameters * self.wire_bytes
+
+    @property
+    def encode_seconds(self) -> float:
+        """The learner's encode of one version (its diff scan and coding read the whole model), or 0."""
+        rate = self.encode_gb_per_second
+        return 0.0 if rate is None else self.full_nbytes / (rate * 1e9)
+
+    @property
+    def decode_seconds(self) -> float:
+        """A sampler's checked decode of one update (its result is hashed whole), or 0."""
+        rate = self.decode_gb_per_second
+        return 0.0 if rate is None else self.full_nbytes / (rate * 1e9)
+
+    def upload_nbytes(self, body: bytes, groups: tuple[bytes, ...]) -> int:
+        """An upload's size on the wire: its frame and header as sent, each group at `upload_bytes_per_group`
+        (or the real bytes when the plan does not give it)."""
+        if self.upload_bytes_per_group is None:
+            return len(body)
+        return len(body) - sum(len(g) for g in groups) + len(groups) * self.upload_bytes_per_group
 
     @property
     def snapshot_nbytes(self) -> int:
@@ -80,9 +116,17 @@ def modelled_note(cfg: RunConfig, computed_parameters: int) -> str | None:
     m, sizes = cfg.cluster.modelled, ModelledSizes.from_config(cfg)
     if m is None or sizes is None:
         return None
+    costs = []
+    if sizes.encode_seconds > 0.0:
+        costs.append(f"encode {sizes.encode_seconds:.3g} s per version")
+    if sizes.decode_seconds > 0.0:
+        costs.append(f"decode {sizes.decode_seconds:.3g} s per update")
+    if sizes.upload_bytes_per_group is not None:
+        costs.append(f"uploads {sizes.upload_bytes_per_group / 1e3:.3g} kB per group")
+    extra = "".join(f", {c}" for c in costs)
     return (
         f"modelled, not computed: weight updates sized for {m.label()} ({count_text(m.parameters)} parameters: "
-        f"snapshot {sizes.snapshot_nbytes / 1e9:.3g} GB, one step's patch {sizes.patch_nbytes(1) / 1e6:.3g} MB) and "
-        f"the configured compute costs; the computation (training, generation, rewards, the bytes applied) used "
-        f"the small model ({count_text(computed_parameters)} parameters)"
+        f"snapshot {sizes.snapshot_nbytes / 1e9:.3g} GB, one step's patch {sizes.patch_nbytes(1) / 1e6:.3g} MB"
+        f"{extra}) and the configured compute costs; the computation (training, generation, rewards, the bytes "
+        f"applied) used the small model ({count_text(computed_parameters)} parameters)"
     )

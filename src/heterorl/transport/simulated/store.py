@@ -239,8 +239,10 @@ class SimStoreSide:
             except WireError as err:
                 done(Reply(seq=upload.seq, refused="malformed", detail=str(err)[:200]))
 
+        modelled = self.store.link.modelled  # a plan's group size, if it gives one
+        nbytes = len(body) if modelled is None else modelled.upload_nbytes(body, upload.groups)
         self.counts["uploads"] += 1
-        self._request(len(body) + HEAD_BYTES, put, lambda _: self._request(HEAD_BYTES, look, looked))
+        self._request(nbytes + HEAD_BYTES, put, lambda _: self._request(HEAD_BYTES, look, looked))
 
     # ------------------------------------------------------------------ weights
     def pull(self, held: Callable[[], Held], wait_s: float, done: Callable[[Any], None]) -> None:
