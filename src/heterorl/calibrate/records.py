@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from heterorl.config import ConfigError, validate_config
 from heterorl.eventlog import read_events
 
 
@@ -46,12 +47,6 @@ class RunRecords:
         return [e for e in self.learner if e.get("event") == kind]
 
 
-def sampler_names(config: dict[str, Any]) -> list[str]:
-    """The configured samplers' names (`sampler-<i>` where none is given), as the run names them."""
-    nodes = (config.get("cluster") or {}).get("samplers") or [{}]
-    return [n.get("name") or f"sampler-{i}" for i, n in enumerate(nodes)]
-
-
 def read_run(run_dir: Path) -> RunRecords:
     """Everything calibration reads from `run_dir`; CalibrationError when it is not a live run with event logs."""
     config_path, live = run_dir / "config.yaml", run_dir / "live"
@@ -63,7 +58,10 @@ def read_run(run_dir: Path) -> RunRecords:
             f"{learner_log} is missing: calibrate reads a live run's event logs (`heterorl run --live` writes them)"
         )
     config = yaml.safe_load(config_path.read_text())
-    names = sampler_names(config)
+    try:
+        names = validate_config(config).cluster.sampler_names()  # the run's own naming rule
+    except ConfigError as err:
+        raise CalibrationError(f"{config_path} is not a heterorl config: {err}") from None
     logs = {name: SamplerLog(name) for name in names}
     by_file: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for path in sorted(live.glob("sampler-*.log")):
