@@ -124,7 +124,34 @@ def test_known_speeds_costs_and_delays_come_back_exactly(tmp_path: Path) -> None
     assert node_a.link.weights_delay.samples == pytest.approx([WEIGHTS_DELAY] * 4)
     assert node_a.link.transfer.model == "simple"
     assert node_b.link == RunConfig().cluster.samplers[0].link  # nothing measured on b's link: as it ran
-    assert node_b.tokens_per_second == RunConfig().cluster.samplers[0].tokens_per_second
+    assert node_b.tokens_per_second == pytest.approx(SPEED)  # not measured: the measured samplers' mean
+    assert any("b: the measured samplers' mean speed stands in (100 tokens/s)" in note for note in cal.notes)
+
+
+def test_a_sampler_that_waited_for_no_update_gets_its_weights_rate_from_its_first_one(tmp_path: Path) -> None:
+    """Sampler c (a long link): it generated nothing, took its first update (a 500 kB snapshot) 12 s after it
+    started and made one round trip of 2 s. Its directions split that round trip (1 s each way), and its weights
+    rate is the snapshot's bytes over what is left of the 12 s: 500,000 * 8 / (12 - 2 * 1) = 0.4 Mbit/s; its speed
+    is the mean of the measured ones (a's)."""
+    run = known_run(tmp_path)
+    cfg = load_config(None, ["cluster.mode=async", "cluster.samplers=[{name: a}, {name: b}, {name: c}]"])
+    (run / "config.yaml").write_text(config_to_yaml(cfg))
+    ctx = {"sampler": "c", "boot": "b3"}
+    started = CLOCK_ZERO + 4.0
+    c = [
+        {"event": "started", "t": started, "finished": False, **ctx},
+        {"event": "weights", "t": started + 12.0, "ok": True, "version": 0, "bytes": 500_000, "apply_s": 0.0, **ctx},
+        {"event": "replied", "t": started + 14.0, "seq": 0, "groups": 0, "bytes": 0, "rtt": 2.0, "handled": 0.0, **ctx},
+    ]
+    _lines(run / "live" / "sampler-2.log", c)
+    cal, path = calibrate(run)
+    node_c = RunConfig.model_validate(yaml.safe_load(path.read_text())).cluster.samplers[2]
+    assert cal.samplers[2].speed is None
+    assert node_c.tokens_per_second == pytest.approx(SPEED)
+    assert node_c.link.weights_bandwidth_mbps == pytest.approx(0.4)
+    assert node_c.link.weights_delay.seconds == pytest.approx(1.0)
+    assert node_c.link.rollout_delay.seconds == pytest.approx(1.0)
+    assert any("c: weights rate from its first update alone (500 kB in 12 s" in note for note in cal.notes)
 
 
 def test_the_command_prints_each_figure_with_its_count_and_interval(tmp_path: Path) -> None:

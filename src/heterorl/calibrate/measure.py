@@ -11,13 +11,21 @@
   (`handled`: decoding, screening, journaling the groups; a per-group cost that would otherwise read as a slow
   link) = rollout delay + bytes * 8 / rate + the reply's way back (the weights direction's delay measured from the
   `published` time, without the encode);
-- start-up: each sampler's first `started` after the learner's clock began (`listening` time minus `elapsed`);
+- start-up: each sampler's first `started` after the learner's clock began (`listening` time minus `elapsed`), and
+  how long its first update took from there;
 - the learner's intake per group: the `handled` seconds of every upload with groups over their groups (all
   samplers together), as the simulator charges it (`cluster.learner_seconds_per_group`, rollouts over links).
 - the learner's commit: the seconds after each step's training before the next could start (`trained`:
   `commit_seconds`: the publish hand-off, recording the step), the mean over steps that did not evaluate; and
   what an evaluation adds (`evaluated` steps' mean less that), as the simulator pauses the learner
   (`cluster.learner_commit_seconds`, `learner_eval_seconds`).
+
+A sampler that was never measured somewhere gets a stand-in, said in a note, rather than the config's nominal
+figure (a live config's `tokens_per_second` is a simulator setting no live sampler follows): a speed, the mean of
+the measured samplers' speeds; a weights direction with no update it waited for (its round trips split evenly
+between the directions), a rate from its first update: that update's bytes over its time from `started` less the
+two one-way delays (a first snapshot on a long link is mostly slow start: it took 14.3 s on the lab's 1 s link,
+where the delay alone says 2 s).
 
 The first item of each series (a sampler's first chunk, the learner's first step) is left out when there are more
 than `WARMUP_KEEP_FROM` items: it carries one-time costs (lazy initialisation) a long run amortises.
@@ -59,6 +67,8 @@ class SamplerCalibration:
     rollout: LinkDirection | None = None
     rtt: Estimate | None = None  # upload round trips, as measured
     first_update_s: float | None = None  # from `started` to the first verified weights
+    first_update_bytes: int | None = None  # that update's size (0: by reference)
+    assumed_speed: float | None = None  # the stand-in when `speed` was not measured (the others' mean)
 
 
 @dataclass
@@ -192,12 +202,27 @@ def link_calibration(cal: SamplerCalibration, log: SamplerLog, published: dict[i
         if back is None:
             back = _median(rollout.delays) / 2.0
             notes.append(f"{cal.name}: round trips split evenly between the directions (no weights delays measured)")
-            cal.weights = LinkDirection(rollout.fit, None, [back])
+            cal.weights = LinkDirection(rollout.fit, first_update_rate(cal, back, notes), [back])
         rollout.delays = [max(0.0, d - back) for d in rollout.delays]
         cal.rollout = rollout
     else:
         notes.append(f"{cal.name}: no upload round trips (`replied` events): its rollout delay is not measured")
     return notes
+
+
+def first_update_rate(cal: SamplerCalibration, delay: float, notes: list[str]) -> Estimate | None:
+    """Mbit/s of a weights direction measured from its first update alone: bytes * 8 / (seconds from `started` to
+    its arrival - the request's and the answer's one-way `delay`); None when it was not sent as bytes or took no
+    longer than the delays."""
+    seconds, nbytes = cal.first_update_s, cal.first_update_bytes
+    if seconds is None or not nbytes or seconds <= 2.0 * delay:
+        return None
+    rate = nbytes * 8.0 / (seconds - 2.0 * delay) / BITS_PER_MEGABIT
+    notes.append(
+        f"{cal.name}: weights rate from its first update alone ({nbytes / 1e3:.4g} kB in {seconds:.3g} s less two "
+        f"one-way delays of {delay:.3g} s: {rate:.3g} Mbit/s, slow start included)"
+    )
+    return Estimate(rate, 1)
 
 
 def _median(values: list[float]) -> float:
@@ -206,8 +231,9 @@ def _median(values: list[float]) -> float:
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2.0
 
 
-def start_delays(records: RunRecords) -> dict[str, tuple[float, float | None]]:
-    """name -> (seconds after the learner's clock began when it started, seconds to its first verified update)."""
+def start_delays(records: RunRecords) -> dict[str, tuple[float, float | None, int | None]]:
+    """name -> (seconds after the learner's clock began when it started, seconds to its first verified update, that
+    update's bytes)."""
     listening = [e for e in records.learner_events("listening") if "elapsed" in e]
     if not listening:
         return {}
@@ -218,8 +244,9 @@ def start_delays(records: RunRecords) -> dict[str, tuple[float, float | None]]:
         if not started:
             continue
         first = float(started[0]["t"])
-        weights = [float(e["t"]) for e in log.of("weights") if e.get("ok") and float(e["t"]) >= first]
-        out[name] = (max(0.0, first - zero), weights[0] - first if weights else None)
+        weights = [e for e in log.of("weights") if e.get("ok") and float(e["t"]) >= first]
+        first_update = (float(weights[0]["t"]) - first, int(weights[0].get("bytes", 0))) if weights else (None, None)
+        out[name] = (max(0.0, first - zero), *first_update)
     return out
 
 
@@ -241,9 +268,14 @@ def calibrate_run(records: RunRecords) -> Calibration:
         if cal.speed is None:
             notes.append(f"{name}: no `generated` event with tokens and busy seconds: its speed is not measured")
         if name in starts:
-            cal.start_delay_s, cal.first_update_s = starts[name]
+            cal.start_delay_s, cal.first_update_s, cal.first_update_bytes = starts[name]
         notes += link_calibration(cal, log, published)
         samplers.append(cal)
+    measured = [c.speed.value for c in samplers if c.speed is not None]
+    for cal in samplers:
+        if cal.speed is None and measured:
+            cal.assumed_speed = sum(measured) / len(measured)
+            notes.append(f"{cal.name}: the measured samplers' mean speed stands in ({cal.assumed_speed:.4g} tokens/s)")
     summary = records.summary or {}
     live = {k: summary[k] for k in ("tokens_per_clock_second", "staleness_mean", "learner_idle") if k in summary}
     commit, evaluation = commit_cost(records)

@@ -51,8 +51,9 @@ def calibrated_config(config: dict[str, Any], cal: Calibration) -> dict[str, Any
         cluster["learner_eval_seconds"] = _sig(cal.evaluation.value)
     nodes = cluster.setdefault("samplers", [{}])
     for node, sc in zip(nodes, cal.samplers, strict=True):
-        if sc.speed is not None:
-            node["tokens_per_second"] = _sig(sc.speed.value)
+        speed = sc.speed.value if sc.speed is not None else sc.assumed_speed
+        if speed is not None:
+            node["tokens_per_second"] = _sig(speed)
         if sc.start_delay_s is not None:
             node["start_delay_s"] = round(sc.start_delay_s, 3)
         if sc.weights is None and sc.rollout is None:
