@@ -69,14 +69,15 @@ class ModelledSizes:
     @property
     def encode_seconds(self) -> float:
         """The learner's encode of one version (its diff scan and coding read the whole model), or 0."""
-        rate = self.encode_gb_per_second
-        return 0.0 if rate is None else self.full_nbytes / (rate * 1e9)
+        return self._whole_model_seconds(self.encode_gb_per_second)
 
     @property
     def decode_seconds(self) -> float:
         """A sampler's checked decode of one update (its result is hashed whole), or 0."""
-        rate = self.decode_gb_per_second
-        return 0.0 if rate is None else self.full_nbytes / (rate * 1e9)
+        return self._whole_model_seconds(self.decode_gb_per_second)
+
+    def _whole_model_seconds(self, gb_per_second: float | None) -> float:
+        return 0.0 if gb_per_second is None else self.full_nbytes / (gb_per_second * 1e9)
 
     def upload_nbytes(self, body: bytes, groups: tuple[bytes, ...]) -> int:
         """An upload's size on the wire: its frame and header as sent, each group at `upload_bytes_per_group`
