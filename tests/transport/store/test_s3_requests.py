@@ -1,0 +1,45 @@
+"""What an s3:// store sends: a small PUT carries its body at once (no `Expect: 100-continue` round trip), and a
+listing is one LIST request, found or not (s3fs's `find` added a HEAD and a second LIST for an empty prefix)."""
+
+from __future__ import annotations
+
+import pytest
+from botocore.awsrequest import AWSRequest
+from tests.transport.store.conftest import MOTO_ENV, make_bucket
+
+from heterorl.config import StoreConfig
+from heterorl.transport.store.objects import CONTINUE_MIN_BYTES, FsspecStore, _no_continue_for_small_puts
+
+
+@pytest.mark.parametrize(
+    ("size", "kept"), [(0, False), (4_000, False), (CONTINUE_MIN_BYTES - 1, False), (CONTINUE_MIN_BYTES, True)]
+)
+def test_only_a_large_put_waits_for_100_continue(size, kept):
+    import io
+
+    request = AWSRequest(
+        "PUT", "http://store/bucket/key", headers={"Expect": "100-continue"}, data=io.BytesIO(b"x" * size)
+    )
+    _no_continue_for_small_puts(request)
+    assert ("Expect" in request.headers) is kept
+
+
+def test_a_small_put_is_one_request_and_a_listing_one_list(moto_endpoint, monkeypatch):
+    for key, value in MOTO_ENV.items():
+        monkeypatch.setenv(key, value)
+    store = FsspecStore(StoreConfig(url=f"s3://{make_bucket(moto_endpoint)}/run", endpoint_url=moto_endpoint))
+    sent: list[tuple[str, str, dict]] = []
+    emitter = store.fs.session.get_component("event_emitter")  # before the first call creates the client
+    emitter.register("before-send.s3", lambda request, **_: sent.append((request.method, request.url, request.headers)))
+
+    store.put("up/a/1.up", b"u" * 4_000)
+    assert [(m, "Expect" in h) for m, _, h in sent] == [("PUT", False)]
+
+    sent.clear()
+    assert [(o.key, o.size) for o in store.list("up/")] == [("up/a/1.up", 4_000)]
+    assert [m for m, _, _ in sent] == ["GET"]
+    assert "list-type=2" in sent[0][1]
+
+    sent.clear()
+    assert list(store.list("down/")) == []
+    assert len(sent) == 1
