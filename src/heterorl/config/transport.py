@@ -69,6 +69,13 @@ class StoreConfig(Strict):
     first_poll_seconds: float = Field(
         0.05, gt=0.0, le=600.0, description="The first wait of a quiet spell between two looks at the store."
     )
+    busy_poll_seconds: float = Field(
+        2.0,
+        ge=0.0,
+        le=3600.0,
+        description="For this long after the learner last found uploads, and after a sampler wrote an upload (its "
+        "reply is due), the store is looked at every first_poll_seconds; only then do the waits double.",
+    )
     retention_seconds: float = Field(
         600.0, ge=0.0, le=604_800.0, description="Objects dropped from the manifest stay this long (slow readers)."
     )

@@ -82,7 +82,7 @@ class SimStore:
                 "set it to 0 with transport.rollouts: store"
             )
         self.intake = StoreIntake(self.objects, loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload)
-        self.lister = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds)
+        self.lister = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds, store_cfg.busy_poll_seconds)
         self.listing = None
         self.sides: list[SimStoreSide] = []
 
@@ -214,7 +214,8 @@ class SimStoreSide:
             return
         body = encode_upload(upload)
         key = upload_key(self.name, self.session, upload.seq, body)
-        cadence = Cadence(self.store.store_cfg.first_poll_seconds, self.store.store_cfg.poll_seconds)
+        store_cfg = self.store.store_cfg
+        cadence = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds, store_cfg.busy_poll_seconds)
 
         def put() -> tuple[None, int]:
             self.store.objects.put(key, body)

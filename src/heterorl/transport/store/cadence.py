@@ -1,21 +1,32 @@
-"""How often to look at a store again: at once after finding something, then after waits that double from
-`first_s` to `most_s` while there is nothing. A conversation through a store then costs a poll interval only while
-it is idle, never one per hop. Clock-free: the live store sides sleep the waits, the simulator schedules them."""
+"""How often to look at a store again: at once after finding something; then every `first_s` for a busy spell of
+`busy_s` (summed waits), since an answer is due (the learner's listing while uploads keep coming, a sampler's reply
+to the upload it just wrote); then after waits that double from `first_s` to `most_s` while there is still nothing.
+A conversation through a store then costs at most `first_s` per hop while it is busy, and a quiet store is looked
+at every `most_s`. Clock-free: the live store sides sleep the waits, the simulator schedules them.
+
+    wait_k = first_s                                   while first_s * k < busy_s (k looks found nothing)
+           = min(first_s * 2^j, most_s)                j = 0, 1, ... after that
+"""
 
 from __future__ import annotations
 
 
 class Cadence:
-    def __init__(self, first_s: float, most_s: float) -> None:
-        self.first_s, self.most_s = min(first_s, most_s), most_s
+    def __init__(self, first_s: float, most_s: float, busy_s: float = 0.0) -> None:
+        self.first_s, self.most_s, self.busy_s = min(first_s, most_s), most_s, max(busy_s, 0.0)
         self.wait = self.first_s
+        self.quiet = 0.0  # the waits handed out since something was last found
 
     def found(self) -> float:
         """Something was there: look again at once (0 s), and start the next quiet spell from `first_s`."""
-        self.wait = self.first_s
+        self.wait, self.quiet = self.first_s, 0.0
         return 0.0
 
     def nothing(self) -> float:
         """Nothing was there: the wait before the next look."""
-        wait, self.wait = self.wait, min(2.0 * self.wait, self.most_s)
+        if self.quiet < self.busy_s:
+            wait = self.first_s
+        else:
+            wait, self.wait = self.wait, min(2.0 * self.wait, self.most_s)
+        self.quiet += wait
         return wait

@@ -3,16 +3,23 @@ manifest (`StoreWeightSource`).
 
 An upload is written under `up/<sampler>/<session>/<seq>-<digest>.up` (`intake.upload_key`; the learner checks
 the digest: a torn or corrupted object is refused as `corrupt`); its reply appears under
-`down/<sampler>/<session>/<seq>.reply`, which the sampler reads at a `Cadence`: at once and then after waits
-doubling from `first_poll_seconds` to `poll_seconds`, so a busy conversation pays no fixed poll per hop. The reply
-is handed over as soon as it is read and deleted in the background (a DELETE is a round trip to the store: over a
-WAN link awaiting it made every exchange one round trip longer). With the learner's public key a reply must be
+`down/<sampler>/<session>/<seq>.reply`, which the sampler looks for at a `Cadence`: at once, then every
+`first_poll_seconds` for `busy_poll_seconds` (the reply is due), then after waits doubling to `poll_seconds`. (Looks
+sent on time without waiting for the previous answer saw replies sooner but tripled the GETs, and on the WAN lab's
+2-core machine the store server they loaded slowed the learner's listings more than they gained.) The reply is
+handed over as soon as it is read and deleted in the
+background (a DELETE is a round trip to the store: over a WAN link awaiting it made every exchange one round trip
+longer). With the learner's public key a reply must be
 signed by the learner for this upload (`identity.open_reply`): one that is not is counted (`forged_reply`),
 deleted, and the upload is written again, which the learner answers anew (from its retry cache, or `duplicate`
 after a restart: a group is never taken twice); at the forged reply after `MAX_FORGED_REPLIES` such rewrites the
 upload is given up as refused.
-Several uploads are in flight at once, each with its own reply to wait for. Store outages are retried with
-backoff; a store silent for `live.patience_s` raises `StoreUnreachableError`, which ends the sampler.
+Several uploads are in flight at once, each with its own reply to wait for. Store calls block (s3fs runs them on
+its own event loop): they run in a thread pool of this side's own, `IO_THREADS` wide, so that the uploads in flight,
+their background DELETEs and the weights' polls never queue behind each other in asyncio's default executor (as
+many threads as cores + 4: six on a 2-core machine, fewer than one sampler's requests in flight). Store outages
+are retried with backoff; a store silent for `live.patience_s` raises `StoreUnreachableError`, which ends the
+sampler.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import asyncio
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -40,6 +48,7 @@ from heterorl.transport.wire import WireError, decode_reply, encode_upload
 from heterorl.weights.signing import Authority
 
 MAX_REPLY_BYTES = 1 << 20
+IO_THREADS = 32
 MAX_FORGED_REPLIES = 3  # an upload written again this often after forged replies; the next forgery gives it up
 
 
@@ -67,7 +76,10 @@ class StoreSamplerSide:
         # weights through a client of their own (`weights_objects`): its connections carry updates only, so the
         # window one update grew carries the next, as the HTTP client's weight connection does
         weights_from = weights_objects if weights_objects is not None else objects
-        self.source = StoreWeightSource(weights_from, cfg, live, name, backoff, events, merge, session, authority)
+        self.pool = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="store-io")
+        self.source = StoreWeightSource(
+            weights_from, cfg, live, name, backoff, events, merge, session, authority, pool=self.pool
+        )
         self.learner_key = None if authority is None else authority.key  # replies must be signed with it
         self.uploads: Counter[str] = Counter()
         self.requests = InFlight()
@@ -94,7 +106,7 @@ class StoreSamplerSide:
         await self._retry("put upload", lambda: self.objects.put(up_key, body))
         self.uploads["uploads"] += 1
         key = reply_key(self.name, self.session, upload.seq)
-        cadence = Cadence(self.cfg.first_poll_seconds, self.cfg.poll_seconds)
+        cadence = Cadence(self.cfg.first_poll_seconds, self.cfg.poll_seconds, self.cfg.busy_poll_seconds)
         forged = 0
         while True:
             try:
@@ -125,7 +137,7 @@ class StoreSamplerSide:
         began = time.monotonic()
         while True:
             try:
-                result = await asyncio.to_thread(call)
+                result = await asyncio.get_running_loop().run_in_executor(self.pool, call)
             except StoreUnavailable as err:
                 self.uploads["outage"] += 1
                 self.events.emit("store", fault="outage", detail=f"{what}: {err}"[:300])
@@ -141,3 +153,4 @@ class StoreSamplerSide:
 
     def close(self) -> None:
         self.requests.cancel()
+        self.pool.shutdown(wait=False, cancel_futures=True)

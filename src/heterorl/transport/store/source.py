@@ -93,10 +93,12 @@ class StoreWeightSource:
         merge: Callable[[list[bytes]], bytes],
         session: str = "",
         authority: Authority | None = None,
+        pool: ThreadPoolExecutor | None = None,
     ) -> None:
         self.objects, self.cfg, self.live, self.name, self.session = objects, cfg, live, name, session
         self.backoff, self.events, self.merge = backoff, events, merge
         self.authority = authority
+        self.pool = pool  # the threads its blocking store calls run in (None: asyncio's default executor)
         self._refused: bytes | None = None  # the last manifest refused for its signature (counted once)
         self.counts: Counter[str] = Counter()
         self.manifest: Manifest | None = None
@@ -118,9 +120,10 @@ class StoreWeightSource:
         cadence = Cadence(self.cfg.first_poll_seconds, self.cfg.poll_seconds)
         while True:
             try:  # the heartbeat's PUT and the poll's GETs at once: over a long link each is a round trip
+                loop = asyncio.get_running_loop()
                 _, got = await asyncio.gather(
-                    asyncio.to_thread(self._heartbeat, version, state_hash, idle, failed),
-                    asyncio.to_thread(self._poll, version, state_hash),
+                    loop.run_in_executor(self.pool, self._heartbeat, version, state_hash, idle, failed),
+                    loop.run_in_executor(self.pool, self._poll, version, state_hash),
                 )
             except StoreUnavailable as err:
                 self._fault("outage", str(err))

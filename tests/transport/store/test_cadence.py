@@ -1,0 +1,28 @@
+"""Cadence: the waits between two looks at a store, by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from heterorl.transport.store.cadence import Cadence
+
+
+def test_waits_double_from_the_first_to_the_most_when_nothing_is_due():
+    cadence = Cadence(0.05, 2.0)
+    assert [cadence.nothing() for _ in range(8)] == pytest.approx([0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0])
+    assert cadence.found() == 0.0
+    assert cadence.nothing() == pytest.approx(0.05)
+
+
+def test_a_busy_spell_looks_every_first_wait_then_doubles():
+    cadence = Cadence(0.05, 2.0, busy_s=0.2)  # 0.2 s of summed waits at 0.05 s: four looks, then the doubling
+    waits = [cadence.nothing() for _ in range(10)]
+    assert waits == pytest.approx([0.05, 0.05, 0.05, 0.05, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6])
+    assert cadence.found() == 0.0  # something found: a new busy spell
+    assert [cadence.nothing() for _ in range(5)] == pytest.approx([0.05, 0.05, 0.05, 0.05, 0.05])
+    assert cadence.nothing() == pytest.approx(0.1)
+
+
+def test_the_first_wait_never_exceeds_the_most():
+    cadence = Cadence(5.0, 1.0, busy_s=3.0)
+    assert [cadence.nothing() for _ in range(4)] == pytest.approx([1.0, 1.0, 1.0, 1.0])
