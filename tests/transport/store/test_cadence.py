@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from heterorl.config import StoreConfig
 from heterorl.transport.store.cadence import Cadence
 
 
@@ -26,3 +27,10 @@ def test_a_busy_spell_looks_every_first_wait_then_doubles():
 def test_the_first_wait_never_exceeds_the_most():
     cadence = Cadence(5.0, 1.0, busy_s=3.0)
     assert [cadence.nothing() for _ in range(4)] == pytest.approx([1.0, 1.0, 1.0, 1.0])
+
+
+def test_only_a_side_that_awaits_an_answer_gets_the_busy_spell():
+    cfg = StoreConfig(first_poll_seconds=0.05, poll_seconds=2.0, busy_poll_seconds=0.1)
+    due, manifest = Cadence.of(cfg, answer_due=True), Cadence.of(cfg, answer_due=False)
+    assert [due.nothing() for _ in range(4)] == pytest.approx([0.05, 0.05, 0.05, 0.1])
+    assert [manifest.nothing() for _ in range(4)] == pytest.approx([0.05, 0.1, 0.2, 0.4])

@@ -3,20 +3,20 @@ listing is one LIST request, found or not (s3fs's `find` added a HEAD and a seco
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from botocore.awsrequest import AWSRequest
-from tests.transport.store.conftest import MOTO_ENV, make_bucket
 
 from heterorl.config import StoreConfig
 from heterorl.transport.store.objects import CONTINUE_MIN_BYTES, FsspecStore, _no_continue_for_small_puts
+from transport.store.conftest import MOTO_ENV, make_bucket
 
 
 @pytest.mark.parametrize(
     ("size", "kept"), [(0, False), (4_000, False), (CONTINUE_MIN_BYTES - 1, False), (CONTINUE_MIN_BYTES, True)]
 )
 def test_only_a_large_put_waits_for_100_continue(size, kept):
-    import io
-
     request = AWSRequest(
         "PUT", "http://store/bucket/key", headers={"Expect": "100-continue"}, data=io.BytesIO(b"x" * size)
     )

@@ -82,7 +82,7 @@ class SimStore:
                 "set it to 0 with transport.rollouts: store"
             )
         self.intake = StoreIntake(self.objects, loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload)
-        self.lister = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds, store_cfg.busy_poll_seconds)
+        self.lister = Cadence.of(store_cfg, answer_due=True)
         self.listing = None
         self.sides: list[SimStoreSide] = []
 
@@ -214,8 +214,7 @@ class SimStoreSide:
             return
         body = encode_upload(upload)
         key = upload_key(self.name, self.session, upload.seq, body)
-        store_cfg = self.store.store_cfg
-        cadence = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds, store_cfg.busy_poll_seconds)
+        cadence = Cadence.of(self.store.store_cfg, answer_due=True)
 
         def put() -> tuple[None, int]:
             self.store.objects.put(key, body)
@@ -252,7 +251,7 @@ class SimStoreSide:
             return
         holds = held()[0] is not None  # (a sampler that holds nothing waits for a first version as long as a live one)
         deadline = self.events.now + (wait_s if holds else max(wait_s, self.store.store_cfg.poll_seconds))
-        cadence = Cadence(self.store.store_cfg.first_poll_seconds, self.store.store_cfg.poll_seconds)
+        cadence = Cadence.of(self.store.store_cfg, answer_due=False)
 
         def look() -> tuple[Any, int]:
             if self.store.finished:

@@ -10,12 +10,21 @@ at every `most_s`. Clock-free: the live store sides sleep the waits, the simulat
 
 from __future__ import annotations
 
+from heterorl.config import StoreConfig
+
 
 class Cadence:
     def __init__(self, first_s: float, most_s: float, busy_s: float = 0.0) -> None:
         self.first_s, self.most_s, self.busy_s = min(first_s, most_s), most_s, max(busy_s, 0.0)
         self.wait = self.first_s
         self.quiet = 0.0  # the waits handed out since something was last found
+
+    @classmethod
+    def of(cls, cfg: StoreConfig, answer_due: bool) -> Cadence:
+        """A store side's cadence, the same on both clocks: where an answer is due (the learner's listing of
+        uploads, a sampler's reply) with the busy spell of `busy_poll_seconds`; where nothing is due (a sampler's
+        look at the manifest: a version comes when the learner publishes one) without."""
+        return cls(cfg.first_poll_seconds, cfg.poll_seconds, cfg.busy_poll_seconds if answer_due else 0.0)
 
     def found(self) -> float:
         """Something was there: look again at once (0 s), and start the next quiet spell from `first_s`."""

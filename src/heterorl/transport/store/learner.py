@@ -66,7 +66,7 @@ class StoreLearnerSide:
                 workers=store_cfg.intake_workers,
                 signing_key=key,
             )
-        self.cadence = Cadence(store_cfg.first_poll_seconds, store_cfg.poll_seconds, store_cfg.busy_poll_seconds)
+        self.cadence = Cadence.of(store_cfg, answer_due=True)
         self._heartbeats: dict[str, Any] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="store", daemon=True)

@@ -313,7 +313,7 @@ def _is_botocore(err: Exception) -> bool:
 def _no_continue_for_small_puts(request: Any, **_: Any) -> None:
     """botocore asks every PutObject to wait for "100 Continue" before it sends the body (the body becomes a file
     object, and a file object gets `Expect: 100-continue`): one more round trip per upload, which over a 100 ms link
-    made a 4 kB PUT take 3 round trips instead of 1-2. The wait saves sending a large body the store would refuse;
+    made a 4 kB PUT take three round trips instead of one. The wait saves sending a large body the store would refuse;
     below `CONTINUE_MIN_BYTES` (the AWS SDK for Go's threshold) it costs more than the body, so it is dropped.
     (SigV4 never signs `Expect`, so the request's signature is the same either way.)"""
     if request.headers.get("Expect") != "100-continue":

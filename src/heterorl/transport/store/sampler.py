@@ -7,9 +7,8 @@ the digest: a torn or corrupted object is refused as `corrupt`); its reply appea
 `first_poll_seconds` for `busy_poll_seconds` (the reply is due), then after waits doubling to `poll_seconds`. (Looks
 sent on time without waiting for the previous answer saw replies sooner but tripled the GETs, and on the WAN lab's
 2-core machine the store server they loaded slowed the learner's listings more than they gained.) The reply is
-handed over as soon as it is read and deleted in the
-background (a DELETE is a round trip to the store: over a WAN link awaiting it made every exchange one round trip
-longer). With the learner's public key a reply must be
+handed over as soon as it is read and deleted in the background (a DELETE is a round trip to the store: over a WAN
+link awaiting it made every exchange one round trip longer). With the learner's public key a reply must be
 signed by the learner for this upload (`identity.open_reply`): one that is not is counted (`forged_reply`),
 deleted, and the upload is written again, which the learner answers anew (from its retry cache, or `duplicate`
 after a restart: a group is never taken twice); at the forged reply after `MAX_FORGED_REPLIES` such rewrites the
@@ -106,7 +105,7 @@ class StoreSamplerSide:
         await self._retry("put upload", lambda: self.objects.put(up_key, body))
         self.uploads["uploads"] += 1
         key = reply_key(self.name, self.session, upload.seq)
-        cadence = Cadence(self.cfg.first_poll_seconds, self.cfg.poll_seconds, self.cfg.busy_poll_seconds)
+        cadence = Cadence.of(self.cfg, answer_due=True)
         forged = 0
         while True:
             try:

@@ -117,7 +117,7 @@ class StoreWeightSource:
         """An update envelope to the newest version, None when current (after waiting up to `wait_s`), FINISHED.
         The manifest is read again at a `Cadence` (quickly at first, then every `poll_seconds`)."""
         deadline = time.monotonic() + max(wait_s, self.cfg.poll_seconds if version is None else 0.0)
-        cadence = Cadence(self.cfg.first_poll_seconds, self.cfg.poll_seconds)
+        cadence = Cadence.of(self.cfg, answer_due=False)
         while True:
             try:  # the heartbeat's PUT and the poll's GETs at once: over a long link each is a round trip
                 loop = asyncio.get_running_loop()
