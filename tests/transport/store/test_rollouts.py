@@ -25,7 +25,7 @@ from heterorl.loop.protocol import Upload
 from heterorl.rollout_codec import encode_group
 from heterorl.transport.backoff import Backoff
 from heterorl.transport.store.intake import StoreIntake, reply_key, upload_key
-from heterorl.transport.store.objects import open_store
+from heterorl.transport.store.objects import MemoryStore, open_store
 from heterorl.transport.store.sampler import StoreSamplerSide
 from heterorl.transport.wire import decode_reply, encode_upload
 from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
@@ -243,3 +243,63 @@ def test_workers_serve_sessions_at_once_each_in_order_with_the_serial_verdicts(
         )
     assert dict(intake.counts) == {"answered": 6}
     assert objects.list("up/") == []
+
+
+class SlowStore(MemoryStore):
+    """A store 40 ms away (every call sleeps first) that logs what it was asked, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+
+    def _slow(self, op: str, key: str) -> None:
+        time.sleep(0.04)
+        with self._lock:
+            self.calls.append((op, key))
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        self._slow("get", key)
+        return super().get(key, max_bytes)
+
+    def put(self, key: str, data: bytes) -> None:
+        super().put(key, data)
+        self._slow("put", key)
+
+    def delete(self, key: str) -> None:
+        self._slow("delete", key)
+        super().delete(key)
+
+
+@pytest.mark.usefixtures("varied_reward")
+def test_io_threads_take_the_store_off_the_judging_path_and_change_no_answer(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """Eight uploads of one session, through a store 40 ms away: judged inline, each costs a read, a reply and a
+    delete one after another (~1 s in all); with I/O threads the reads and the replies overlap the judging. The
+    answers, the order the groups are queued in, and "the reply before the upload goes" are the same both ways."""
+    groups = sample_groups(make_live(tmp_path / "g", tiny_model_dir, REWARD), tiny_model_dir, 8)
+    bodies = [encode_group(g) for g in groups]
+    runs = {}
+    for io_threads in (0, 8):
+        live = make_live(tmp_path / f"run{io_threads}", tiny_model_dir, REWARD, *ROLLOUTS, "learner.steps=2")
+        objects = SlowStore()
+        keys = [put_upload(objects, live, [body], seq) for seq, body in enumerate(bodies)]
+        objects.calls.clear()
+        intake = StoreIntake(objects, live.loop, live.cfg.live.max_body_bytes, 8, io_threads=io_threads)
+        began = time.monotonic()
+        assert intake.poll() == 8
+        seconds = time.monotonic() - began
+        intake.close()
+        replies = [outcomes(objects, seq) for seq in range(8)]
+        queued = [g.group_id for g in live.loop.intake.buffer.groups]
+        for seq, key in enumerate(keys):  # each reply written before its upload was deleted
+            assert objects.calls.index(("put", reply_key("sampler-0", "b00t", seq))) < objects.calls.index(
+                ("delete", key)
+            )
+        assert objects.list("up/") == []
+        runs[io_threads] = (seconds, replies, queued)
+    (inline_s, inline_replies, inline_order), (threaded_s, replies, order) = runs[0], runs[8]
+    assert replies == inline_replies == [["accepted"]] * 8
+    assert order == inline_order == [g.group_id for g in groups]  # judged in the session's order
+    assert inline_s > 3 * 8 * 0.04  # read, reply and delete of every upload, one after another
+    assert threaded_s < inline_s / 2, (threaded_s, inline_s)

@@ -12,10 +12,12 @@ FIFO, socket, device, symlink or folder: `objects.Listing.skipped`) is never ope
 `not_regular` and logged, and the pass goes on. A read that hangs is abandoned for that object only
 (`ObjectTimeout`). Sessions are served round robin, each in order of its uploads, so one fast sampler cannot starve
 the others while the learner's queue is nearly full. With `workers` > 1 (`transport.store.intake_workers`, live)
-up to that many sessions are served at once, each still in order: an upload costs a GET, the reply's PUT and a
-DELETE, round trips to the store that one session after another would add up (~0.2 s per upload measured on the
-WAN lab's S3 server, capping the intake near 40 groups/s). The simulator's store takes no time for them. With the
-learner's key every reply is signed (`identity.sign_reply`), so nobody else can answer an upload.
+up to that many sessions are served at once, each still in order. An upload costs a GET, the reply's PUT and a
+DELETE, round trips to the store; with `io_threads` (a live learner) they leave the judging's way: the next
+uploads of a session are read while one is judged, and each reply is written (then its upload deleted) while the
+next is judged. One after another they capped one session near 40 groups/s on the WAN lab's S3 server (~0.2 s an
+upload). The simulator's store takes no time for them (and judges inline). With the learner's key every reply is
+signed (`identity.sign_reply`), so nobody else can answer an upload.
 
 Also here: `read_heartbeats`, the learner's view of samplers that pull weights from the store (their
 `samplers/<name>.json`), fed to the loop exactly as HTTP pulls are (reports, and their leases renewed).
@@ -28,9 +30,10 @@ import json
 import math
 import re
 import threading
-from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections import Counter, deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
 
 import xxhash
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -44,6 +47,9 @@ from heterorl.transport.wire import WireError, decode_upload, encode_reply
 
 UPLOAD_KEY = re.compile(r"^up/([A-Za-z0-9._-]{1,128})/([A-Za-z0-9_-]{1,64})/([0-9]{10})-([0-9a-f]{32})\.up$")
 MAX_HEARTBEAT_BYTES = 4096
+IO_THREADS = 16  # a live learner's reads and reply writes in flight at once (the store is far: latency, not CPU)
+PREFETCH_BYTES = 8 << 20  # uploads read ahead of the one being judged, by listed size (at least one is read)
+T = TypeVar("T")
 MAX_REMEMBERED = 100_000  # hostile entries counted once each (bounded memory)
 
 
@@ -67,6 +73,7 @@ class StoreIntake:
         credentials: CredentialRegistry | None = None,
         workers: int = 1,
         signing_key: Ed25519PrivateKey | None = None,
+        io_threads: int = 0,
     ) -> None:
         self.objects, self.loop, self.max_body, self.max_groups = objects, loop, max_body_bytes, max_groups
         self.credentials = credentials  # `trust.credentials`: every upload signed by its sampler's key
@@ -76,6 +83,7 @@ class StoreIntake:
         self.refused_entries: set[str] = set()  # keys of entries that are not regular files, counted already
         self._lock = threading.Lock()  # the counts above, from the workers
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="store-intake") if workers > 1 else None
+        self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="store-io") if io_threads > 0 else None
 
     def poll(self) -> int:
         """Answer every upload in the store (sessions round robin, each in order); returns the number answered.
@@ -85,16 +93,104 @@ class StoreIntake:
             self._not_regular(entry.key, entry.kind)
         uploads = [o for o in listing if o.key.endswith(".up")]
         if self._pool is None or len(uploads) < 2:
-            return sum(self._one(info) for info in _round_robin(uploads))
-        passes = [self._pool.submit(self._session_pass, infos) for infos in _by_session(uploads).values()]
+            return self._pass(_round_robin(uploads))
+        passes = [self._pool.submit(self._pass, infos) for infos in _by_session(uploads).values()]
         return sum(p.result() for p in passes)
 
-    def _session_pass(self, infos: list[ObjectInfo]) -> int:
-        return sum(self._one(info) for info in infos)
+    def _pass(self, infos: list[ObjectInfo]) -> int:
+        """Judge the uploads in this order; with I/O threads, read the next ones (up to `PREFETCH_BYTES` listed)
+        while one is judged, and write each reply (then delete its upload) while the next is judged. Returns once
+        every reply is written: the next listing must not meet an upload that is being answered."""
+        reads: deque[tuple[ObjectInfo, Future[bytes | bool | Reply]]] = deque()
+        answers: list[Future[bool]] = []
+        pending = iter(infos)
+        reading = 0  # listed bytes of the reads in `reads`
+        handled = 0
+        try:
+            while True:
+                while not reads or (self._io is not None and reading < PREFETCH_BYTES):
+                    info = next(pending, None)
+                    if info is None:
+                        break
+                    reads.append((info, self._run(self._read, info)))
+                    reading += info.size
+                if not reads:
+                    break
+                info, read = reads.popleft()
+                reading -= info.size
+                outcome = self._judge(info, read.result())
+                if isinstance(outcome, Reply):
+                    answers.append(self._run(self._answer, info.key, outcome))
+                else:
+                    handled += outcome
+        finally:  # nothing of this pass runs on once it returns (or raises, e.g. StoreUnavailable)
+            for _, read in reads:
+                read.cancel()
+            wait([read for _, read in reads] + answers)
+        return handled + sum(a.result() for a in answers)  # a failed write (StoreUnavailable) raises here
+
+    def _run(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """`fn(*args)` in an I/O thread, or here and now (a finished future) without them."""
+        if self._io is not None:
+            return self._io.submit(fn, *args)
+        done: Future[T] = Future()
+        try:
+            done.set_result(fn(*args))
+        except BaseException as err:  # re-raised by .result(), where a thread's error would be
+            done.set_exception(err)
+        return done
+
+    def _read(self, info: ObjectInfo) -> bytes | bool | Reply:
+        """The upload's bytes; or a reply decided without them (too large); or True (handled: a key no upload
+        can have, deleted) / False (nothing to answer now: gone, hung, or not a regular file)."""
+        match = UPLOAD_KEY.match(info.key)
+        if match is None:
+            self._refuse_key(info.key, "malformed", f"not an upload key: {info.key[:100]}")
+            return True
+        seq = int(match.group(3))
+        if info.size > self.max_body:
+            return self._refuse("too_large", f"{info.size} bytes > {self.max_body}", seq)
+        try:
+            body = self.objects.get(info.key, self.max_body)
+        except ObjectNotRegular as err:  # swapped for a FIFO or a symlink after the listing
+            self._not_regular(info.key, err.kind)
+            return False
+        except ObjectMissing:
+            return False  # gone meanwhile (another learner life answered it)
+        except ObjectTimeout:  # a hung read: that object is tried again at the next pass, the others go on
+            self._count("timeout")
+            return False
+        self._downloaded(len(body))
+        if len(body) > self.max_body:
+            return self._refuse("too_large", "over the limit", seq)
+        return body
+
+    def _judge(self, info: ObjectInfo, read: bytes | bool | Reply) -> bool | Reply:
+        """What `_read` gave, checked and through `LearnerLoop.exchange`: the reply to write, or handled / not."""
+        if not isinstance(read, bytes):
+            return read
+        sampler, session, seq, digest = _key_fields(info.key)
+        body = read
+        if xxhash.xxh3_128_hexdigest(body) != digest:
+            return self._refuse("corrupt", "the upload does not match the digest in its key", seq)
+        if self.credentials is not None:
+            who, body = self.credentials.open_upload(sampler, session, seq, body)
+            if not who.ok:
+                return self._refuse(who.reason, f"the upload under {sampler[:64]!r} is not signed by its key", seq)
+        try:
+            upload = decode_upload(body, self.max_groups)
+        except WireError as err:
+            return self._refuse("malformed", str(err), seq)
+        if (upload.sampler, upload.session, upload.seq) != (sampler, session, seq):
+            self._refuse_key(info.key, "malformed", "the upload's sampler, session or seq differs from its key")
+            return True
+        return self.loop.exchange(upload)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        if self._io is not None:
+            self._io.shutdown(wait=True)
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -113,46 +209,6 @@ class StoreIntake:
         self.loop.intake.reject("not_regular", f"a {kind} at {key[:120]}")
         self._count("not_regular")
 
-    def _one(self, info: ObjectInfo) -> bool:
-        match = UPLOAD_KEY.match(info.key)
-        if match is None:
-            self._refuse_key(info.key, "malformed", f"not an upload key: {info.key[:100]}")
-            return True
-        sampler, session, seq, digest = match.group(1), match.group(2), int(match.group(3)), match.group(4)
-        if info.size > self.max_body:
-            reply = self._refuse("too_large", f"{info.size} bytes > {self.max_body}", seq)
-            return self._answer(info.key, sampler, session, seq, reply)
-        try:
-            body = self.objects.get(info.key, self.max_body)
-        except ObjectNotRegular as err:  # swapped for a FIFO or a symlink after the listing
-            self._not_regular(info.key, err.kind)
-            return False
-        except ObjectMissing:
-            return False  # gone meanwhile (another learner life answered it)
-        except ObjectTimeout:  # a hung read: that object is tried again at the next pass, the others go on
-            self._count("timeout")
-            return False
-        self._downloaded(len(body))
-        if len(body) > self.max_body:
-            return self._answer(info.key, sampler, session, seq, self._refuse("too_large", "over the limit", seq))
-        if xxhash.xxh3_128_hexdigest(body) != digest:
-            reply = self._refuse("corrupt", "the upload does not match the digest in its key", seq)
-            return self._answer(info.key, sampler, session, seq, reply)
-        if self.credentials is not None:
-            who, body = self.credentials.open_upload(sampler, session, seq, body)
-            if not who.ok:
-                detail = f"the upload under {sampler[:64]!r} is not signed by its key"
-                return self._answer(info.key, sampler, session, seq, self._refuse(who.reason, detail, seq))
-        try:
-            upload = decode_upload(body, self.max_groups)
-        except WireError as err:
-            return self._answer(info.key, sampler, session, seq, self._refuse("malformed", str(err), seq))
-        if (upload.sampler, upload.session, upload.seq) != (sampler, session, seq):
-            self._refuse_key(info.key, "malformed", "the upload's sampler, session or seq differs from its key")
-            return True
-        reply = self.loop.exchange(upload)
-        return self._answer(info.key, sampler, session, seq, reply)
-
     def _refuse(self, reason: str, detail: str, seq: int) -> Reply:
         self.loop.intake.reject(reason, detail)
         return Reply(seq=seq, refused=reason, detail=detail[:200])
@@ -163,8 +219,9 @@ class StoreIntake:
         self._count(reason)
         self.objects.delete(key)
 
-    def _answer(self, key: str, sampler: str, session: str, seq: int, reply: Reply) -> bool:
+    def _answer(self, key: str, reply: Reply) -> bool:
         """The reply first, then the upload goes: a crash in between answers it again (idempotently)."""
+        sampler, session, seq, _ = _key_fields(key)
         body = encode_reply(reply)
         if self.signing_key is not None:
             body = sign_reply(self.signing_key, sampler, session, seq, body)
@@ -172,6 +229,13 @@ class StoreIntake:
         self.objects.delete(key)
         self._count(reply.refused or "answered")
         return True
+
+
+def _key_fields(key: str) -> tuple[str, str, int, str]:
+    """sampler, session, seq and digest of an upload's key (one that `UPLOAD_KEY` matched)."""
+    match = UPLOAD_KEY.match(key)
+    assert match is not None, key
+    return match.group(1), match.group(2), int(match.group(3)), match.group(4)
 
 
 def _by_session(listing: list[ObjectInfo]) -> dict[str, list[ObjectInfo]]:

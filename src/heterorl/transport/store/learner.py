@@ -17,7 +17,7 @@ from heterorl.eventlog import EventLog
 from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.transport.identity import CredentialRegistry
 from heterorl.transport.store.cadence import Cadence
-from heterorl.transport.store.intake import StoreIntake, read_heartbeats
+from heterorl.transport.store.intake import IO_THREADS, StoreIntake, read_heartbeats
 from heterorl.transport.store.manifest import UPLOADS
 from heterorl.transport.store.objects import ObjectStore, StoreSetupError, StoreUnavailable
 from heterorl.transport.store.publisher import StorePublisher
@@ -65,6 +65,7 @@ class StoreLearnerSide:
                 credentials,
                 workers=store_cfg.intake_workers,
                 signing_key=key,
+                io_threads=IO_THREADS,
             )
         self.cadence = Cadence.of(store_cfg, answer_due=True)
         self._heartbeats: dict[str, Any] = {}
