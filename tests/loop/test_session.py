@@ -85,6 +85,28 @@ def test_uploads_in_flight_are_bounded_and_verdicts_settle_them() -> None:
     assert third.seq == 2
 
 
+def test_a_long_round_trip_widens_the_window_for_full_uploads_only() -> None:
+    """Window 2, 2 groups per upload: observed to generate 10 groups per round trip, the session keeps up to
+    ceil(10 / 2) + 1 = 6 uploads in flight, the 3rd to 6th only when they leave full."""
+    s = session("cluster.mode=async", "cluster.max_queued_steps=null", "cluster.uploads_in_flight=2",
+                "cluster.groups_per_upload=2", "cluster.samplers=[{}, {}]", "learner.groups_per_step=8")  # fmt: skip
+    s.pulled()
+    s.weights_received(0)
+    s.observe(rtt_s=1.0, seconds_per_group=0.1)
+    assert s.window == 6
+    s.next_actions()
+    s.generated(groups(3), 4)  # the engine returned 3 of 4
+    assert [len(u.groups) for u in sends(s.next_actions())] == [2, 1]  # the configured window: no need to be full
+    s.generated(groups(3, start=3), 4)
+    assert [len(u.groups) for u in sends(s.next_actions())] == [2]  # past it: the full upload goes, one waits
+    assert len(s.outbox) == 1
+    s.generated(groups(5, start=6), 5)
+    assert [len(u.groups) for u in sends(s.next_actions())] == [2, 2, 2]  # three more full: six in flight
+    assert (len(s.in_flight), len(s.outbox)) == (6, 0)
+    s.observe(rtt_s=0.1, seconds_per_group=0.1)  # a short round trip: the configured window again
+    assert s.window == 2
+
+
 def test_sync_mode_generates_its_share_again_for_every_group_the_learner_did_not_keep() -> None:
     s = session("cluster.samplers=[{}, {}, {}]", "learner.groups_per_step=5")  # shares 2, 2, 1
     s.pulled()

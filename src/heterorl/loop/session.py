@@ -26,7 +26,10 @@ Rules (the only place they are written):
 - Sync mode: its even share of each version's batch once the version arrived, generating again every group the
   learner did not keep (refused, filtered, undeliverable), so the learner always gets a full batch.
 - Sending: up to `window` uploads in flight, each with up to `max_groups` groups of the outbox, oldest first; an
-  upload goes as soon as the window has room (groups that queue meanwhile travel together). A group the learner
+  upload goes as soon as the window has room (groups that queue meanwhile travel together). The window is
+  `cluster.uploads_in_flight`, or more when the round trip is long: enough full uploads for what it generates in
+  one round trip, plus one (at most `MAX_WINDOW`); past the configured window only full uploads go, since each
+  upload costs requests (a store's PUT, GETs and DELETEs), not only bytes. A group the learner
   could not take now (`busy`, `disk_full`) goes back to the front of the outbox and is sent again after
   `retry_after`. Running totals make retries idempotent.
 - Stopping: the learner says the run is finished; or it refuses an upload for a reason no retry can change (its
@@ -53,6 +56,7 @@ FINISHED = "finished"
 FILTERED = "filtered"
 UNDELIVERABLE = "undeliverable"  # the transport gave up on an upload (the link stayed down past its patience)
 NOT_REFUSALS = (FINISHED, FILTERED)  # answers that say nothing against the sampler
+MAX_WINDOW = 64  # uploads in flight at most, however long the round trip
 FATAL = ("config_mismatch", "unknown_sampler", "revoked", "quarantined")  # no retry can change them: the session stops
 
 
@@ -108,7 +112,7 @@ class SamplerSession:
         self.chunk = math.ceil(B / n)
         self.share = B // n + (1 if index < B % n else 0)  # sync mode: its even share of a batch
         self.admission = not self.sync and (cc.eta is not None or cc.max_queued_steps is not None)
-        self.window = cc.uploads_in_flight
+        self.base_window = self.window = cc.uploads_in_flight
         self.max_groups = cc.groups_per_upload
         self.engine_slots = engine_slots if not self.sync else 1
         self.base_unanswered = self.window * self.max_groups + self.chunk * self.engine_slots
@@ -175,6 +179,8 @@ class SamplerSession:
             in_one_trip = math.ceil(rtt_s / seconds_per_group)  # groups it generates while an answer comes back
             self.ask_ahead = in_one_trip + self.chunk
             self.max_unanswered = max(self.base_unanswered, in_one_trip + self.chunk * self.engine_slots)
+            full_uploads = math.ceil(in_one_trip / self.max_groups) + 1
+            self.window = min(max(self.base_window, full_uploads), MAX_WINDOW)
 
     def generated(self, groups: list[RolloutGroup], slots: int) -> None:
         """A chunk of `slots` groups finished with these groups (an engine may return fewer: none are lost)."""
@@ -298,6 +304,8 @@ class SamplerSession:
         if self.busy_retry:
             return out
         while len(self.in_flight) < self.window and self.outbox:
+            if len(self.in_flight) >= self.base_window and len(self.outbox) < self.max_groups:
+                break  # past the configured window only full uploads go: each costs requests, not just bytes
             items = [self.outbox.popleft() for _ in range(min(self.max_groups, len(self.outbox)))]
             out.append(Send(self._upload(items)))
         asking = self.admission and self.newest >= 0 and not self.grant_retry  # slots are granted for a version
