@@ -139,7 +139,8 @@ class ClusterConfig(Strict):
         ge=1,
         le=64,
         description="Uploads a sampler keeps in flight at once (each answered with per-group verdicts): throughput is "
-        "then bound by generation or bandwidth, not by one round trip per upload.",
+        "then bound by generation or bandwidth, not by one round trip per upload. A long round trip widens it for "
+        "full uploads (enough for what the sampler generates in one round trip, plus one; at most 64).",
     )
     groups_per_upload: int = Field(8, ge=1, le=1024, description="Most groups a sampler sends in one upload.")
     max_refusals_in_a_row: int = Field(
