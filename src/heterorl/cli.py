@@ -133,11 +133,12 @@ def _live_errors(connect: str | None = None) -> Iterator[None]:
     from heterorl.run.run_dir import RunDirError
     from heterorl.transport.http.auth import TokenError
     from heterorl.transport.http.client import AuthError, LearnerUnreachableError, ProtocolError
+    from heterorl.transport.store.learner import StoreThreadError
     from heterorl.transport.store.objects import StoreSetupError
     from heterorl.transport.store.source import StoreUnreachableError
 
     failures = (LiveSetupError, TokenError, LiveRunError, LearnerUnreachableError, AuthError, TrainingDivergedError)
-    failures += (SamplerStoppedError,)
+    failures += (SamplerStoppedError, StoreThreadError)
     try:
         yield
     except (ConfigError, RunDirError) as exc:

@@ -63,6 +63,7 @@ from heterorl.run.run_dir import RunDirError, holds_run, new_run_dir, prepare_ru
 from heterorl.transport.http.auth import Gate, configured_token, new_token
 from heterorl.transport.http.service import start_service
 from heterorl.transport.identity import CredentialRegistry
+from heterorl.transport.store.learner import StoreThreadError
 from heterorl.weights.signing import Signer, signer_from
 
 TAKE_POLL_S = 0.5  # how often a waiting training thread re-checks for a stop request
@@ -402,6 +403,8 @@ def serve_learner(
                         traffic = live.loop.traffic
                         live.summary.update(weight_bytes_sent=traffic.total_bytes, store=store.summary())
                         live.summary["weight_bytes_full"] = traffic.total_full_bytes
+            if store is not None and store.error is not None:
+                raise StoreThreadError(f"the learner's store thread stopped the run ({store.error}); fix it, --resume")
     if live.summary is None:
         return None
     summary = {**live.summary, "wall_seconds": time.monotonic() - wall_start}

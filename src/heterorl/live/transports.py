@@ -82,6 +82,7 @@ def open_learner_store(live: LiveLearner, resume: bool) -> StoreLearnerSide | No
             is_finished=lambda: live.finished,
             events=live.events,
             on_finished=lambda: live.told_finished.update(live.loop.peers.connected(cfg.live.connected_seconds)),
+            on_failed=live.request_stop,
         )
     except StoreSetupError as err:
         raise LiveSetupError(str(err)) from None

@@ -67,3 +67,27 @@ def test_learner_and_sampler_through_the_store(tmp_path: Path, tiny_model_dir: P
     assert held
     assert held <= published
     assert store.summary()["intake"]["answered"] >= 1
+
+
+@pytest.mark.usefixtures("varied_reward")
+def test_a_store_thread_that_fails_stops_the_run_saying_why(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """An error the store thread cannot retry (here a store that refuses the learner's reads) must not leave the
+    learner waiting for groups that no longer come: the thread records it, logs it and stops the run."""
+    log = io.StringIO()
+    store_url = f"transport.store.url={(tmp_path / 'store').as_uri()}"
+    live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *STORE, store_url, events=EventLog(log))
+    store = open_learner_store(live, resume=False)
+    assert store is not None
+
+    def refused() -> int:
+        raise PermissionError(13, "Permission denied", "up/")
+
+    store.intake.poll = refused
+    store.start()
+    store._thread.join(timeout=30)
+    assert not store._thread.is_alive()
+    assert store.error == "PermissionError: [Errno 13] Permission denied: 'up/'"
+    assert live.stop.is_set()  # the training thread returns after its step, checkpointed (resumable)
+    (failed,) = [e for e in events_of(log, "store") if e.get("fault") == "failed"]
+    assert failed["detail"] == store.error
+    store.close()

@@ -26,6 +26,11 @@ from heterorl.weights.signing import signing_key_from
 MAX_BACKOFF_S = 30.0
 
 
+class StoreThreadError(RuntimeError):
+    """The learner's store thread ended on an error no retry fixes (a store that refuses the learner's requests, a
+    bug): the run stopped, resumable, and says why in one line."""
+
+
 class StoreLearnerSide:
     """Everything the learner does with the store; `is_finished` says when the last step is done."""
 
@@ -39,9 +44,11 @@ class StoreLearnerSide:
         is_finished: Callable[[], bool],
         events: EventLog,
         on_finished: Callable[[], None] = lambda: None,
+        on_failed: Callable[[], None] = lambda: None,
     ) -> None:
         self.cfg, self.loop, self.objects, self.events = cfg, loop, objects, events
-        self.is_finished, self.on_finished = is_finished, on_finished
+        self.is_finished, self.on_finished, self.on_failed = is_finished, on_finished, on_failed
+        self.error: str | None = None  # why the store thread ended early (`on_failed` was called)
         store_cfg = cfg.transport.store
         self.poll_s = store_cfg.poll_seconds
         self.counts: Counter[str] = Counter()
@@ -82,6 +89,16 @@ class StoreLearnerSide:
         self._thread.start()
 
     def _run(self) -> None:
+        """The thread: `_serve` until the run is finished; an error it cannot retry stops the run (`on_failed`)
+        rather than leaving the learner waiting for groups that no longer come in."""
+        try:
+            self._serve()
+        except Exception as err:  # whatever it was, the run must not hang on a dead intake
+            self.error = f"{type(err).__name__}: {err}"[:500]
+            self.events.emit("store", fault="failed", detail=self.error)
+            self.on_failed()
+
+    def _serve(self) -> None:
         delay = self.poll_s
         beats_at = 0.0
         while not self._stop.is_set():
