@@ -84,13 +84,15 @@ class Wait:
 Action = Generate | Send | Pull | Wait
 
 
-@dataclass
+@dataclass(eq=False)
 class Outgoing:
-    """A generated group waiting to be sent: its bytes (encoded once: a retry sends the same bytes)."""
+    """A generated group waiting to be sent: its bytes (encoded once: a retry sends the same bytes) and its oldest
+    version (read once: the staleness check looks at every waiting group before every send)."""
 
     group: RolloutGroup
     body: bytes
     digest: str
+    min_version: int
 
 
 class SamplerSession:
@@ -192,7 +194,7 @@ class SamplerSession:
             self.share_running -= slots - len(groups)
         for g in groups:
             body = encode_group(g)
-            self.outbox.append(Outgoing(g, body, body_digest(body)))
+            self.outbox.append(Outgoing(g, body, body_digest(body), g.min_version))
 
     def replied(self, seq: int, reply: Reply) -> None:
         """The learner's answer to upload `seq` (duplicate answers to a retried upload are ignored)."""
@@ -345,11 +347,11 @@ class SamplerSession:
         """Groups that the learner's window would drop on arrival are not sent: their slots go back."""
         if self.max_staleness is None or self.learner_version < 0:
             return
-        kept = deque(o for o in self.outbox if self.learner_version - o.group.min_version <= self.max_staleness)
-        dropped = [o for o in self.outbox if o not in kept]
-        if not dropped:
+        oldest = self.learner_version - self.max_staleness  # the oldest version the learner still trains on
+        if all(o.min_version >= oldest for o in self.outbox):
             return
-        self.outbox = kept
+        dropped = [o for o in self.outbox if o.min_version < oldest]
+        self.outbox = deque(o for o in self.outbox if o.min_version >= oldest)
         if self.admission:
             self._give_back(len(dropped))
         for item in dropped:
