@@ -33,7 +33,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import xxhash
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -101,7 +101,7 @@ class StoreIntake:
         """Judge the uploads in this order; with I/O threads, read the next ones (up to `PREFETCH_BYTES` listed)
         while one is judged, and write each reply (then delete its upload) while the next is judged. Returns once
         every reply is written: the next listing must not meet an upload that is being answered."""
-        reads: deque[tuple[ObjectInfo, Future[bytes | bool | Reply]]] = deque()
+        reads: deque[tuple[ObjectInfo, UploadKey | None, Future[bytes | bool | Reply]]] = deque()
         answers: list[Future[bool]] = []
         pending = iter(infos)
         reading = 0  # listed bytes of the reads in `reads`
@@ -112,21 +112,22 @@ class StoreIntake:
                     info = next(pending, None)
                     if info is None:
                         break
-                    reads.append((info, self._run(self._read, info)))
+                    key = parse_upload_key(info.key)
+                    reads.append((info, key, self._run(self._read, info, key)))
                     reading += info.size
                 if not reads:
                     break
-                info, read = reads.popleft()
+                info, key, read = reads.popleft()
                 reading -= info.size
-                outcome = self._judge(info, read.result())
+                outcome = self._judge(info, key, read.result())
                 if isinstance(outcome, Reply):
-                    answers.append(self._run(self._answer, info.key, outcome))
+                    answers.append(self._run(self._answer, info.key, key, outcome))
                 else:
                     handled += outcome
         finally:  # nothing of this pass runs on once it returns (or raises, e.g. StoreUnavailable)
-            for _, read in reads:
+            for *_, read in reads:
                 read.cancel()
-            wait([read for _, read in reads] + answers)
+            wait([read for *_, read in reads] + answers)
         return handled + sum(a.result() for a in answers)  # a failed write (StoreUnavailable) raises here
 
     def _run(self, fn: Callable[..., T], *args: Any) -> Future[T]:
@@ -140,14 +141,13 @@ class StoreIntake:
             done.set_exception(err)
         return done
 
-    def _read(self, info: ObjectInfo) -> bytes | bool | Reply:
+    def _read(self, info: ObjectInfo, key: UploadKey | None) -> bytes | bool | Reply:
         """The upload's bytes; or a reply decided without them (too large); or True (handled: a key no upload
         can have, deleted) / False (nothing to answer now: gone, hung, or not a regular file)."""
-        match = UPLOAD_KEY.match(info.key)
-        if match is None:
+        if key is None:
             self._refuse_key(info.key, "malformed", f"not an upload key: {info.key[:100]}")
             return True
-        seq = int(match.group(3))
+        seq = key.seq
         if info.size > self.max_body:
             return self._refuse("too_large", f"{info.size} bytes > {self.max_body}", seq)
         try:
@@ -165,11 +165,11 @@ class StoreIntake:
             return self._refuse("too_large", "over the limit", seq)
         return body
 
-    def _judge(self, info: ObjectInfo, read: bytes | bool | Reply) -> bool | Reply:
+    def _judge(self, info: ObjectInfo, key: UploadKey | None, read: bytes | bool | Reply) -> bool | Reply:
         """What `_read` gave, checked and through `LearnerLoop.exchange`: the reply to write, or handled / not."""
         if not isinstance(read, bytes):
             return read
-        sampler, session, seq, digest = _key_fields(info.key)
+        sampler, session, seq, digest = key  # bytes are read only under an upload's key (never None here)
         body = read
         if xxhash.xxh3_128_hexdigest(body) != digest:
             return self._refuse("corrupt", "the upload does not match the digest in its key", seq)
@@ -219,23 +219,31 @@ class StoreIntake:
         self._count(reason)
         self.objects.delete(key)
 
-    def _answer(self, key: str, reply: Reply) -> bool:
+    def _answer(self, object_key: str, key: UploadKey, reply: Reply) -> bool:
         """The reply first, then the upload goes: a crash in between answers it again (idempotently)."""
-        sampler, session, seq, _ = _key_fields(key)
+        sampler, session, seq, _ = key
         body = encode_reply(reply)
         if self.signing_key is not None:
             body = sign_reply(self.signing_key, sampler, session, seq, body)
         self.objects.put(reply_key(sampler, session, seq), body)
-        self.objects.delete(key)
+        self.objects.delete(object_key)
         self._count(reply.refused or "answered")
         return True
 
 
-def _key_fields(key: str) -> tuple[str, str, int, str]:
-    """sampler, session, seq and digest of an upload's key (one that `UPLOAD_KEY` matched)."""
+class UploadKey(NamedTuple):
+    """What an upload's object key names (`upload_key`)."""
+
+    sampler: str
+    session: str
+    seq: int
+    digest: str
+
+
+def parse_upload_key(key: str) -> UploadKey | None:
+    """The fields of an upload's key; None for a key no upload can have."""
     match = UPLOAD_KEY.match(key)
-    assert match is not None, key
-    return match.group(1), match.group(2), int(match.group(3)), match.group(4)
+    return None if match is None else UploadKey(match[1], match[2], int(match[3]), match[4])
 
 
 def _by_session(listing: list[ObjectInfo]) -> dict[str, list[ObjectInfo]]:
