@@ -236,6 +236,10 @@ def run(
         with _live_errors(), on_interrupt(lambda: interrupted_run(target, config, set_), soft=trainer.stop):
             summary = trainer.fit(clock="simulated")
     if summary is None:  # a follower rank of a multi-process learner: rank 0 prints the summary
+        from heterorl.parallel.distributed import is_follower, leave_as_follower
+
+        if is_follower():
+            leave_as_follower()
         return
     _print_summary(summary, target)
     if trainer.stop_requested:  # only a signal asks this command's trainer to stop
@@ -313,7 +317,7 @@ def learner(
     """Run the learner service: samplers pull weights from it and push rollout groups (docs/deployment.md). Under
     torchrun (or with --nproc N) it is N processes: rank 0 serves, every rank trains (`parallel`)."""
     cfg = _load(config, set_)
-    from heterorl.parallel.distributed import is_follower, run_as_rank
+    from heterorl.parallel.distributed import is_follower, leave_as_follower, run_as_rank
 
     if not is_follower():  # rank 0 (or the one process) serves: its port must be free
         _check_listen(listen)
@@ -325,7 +329,7 @@ def learner(
     with _live_errors():
         summary = run_as_rank(cfg, lambda: serve_learner(cfg, listen, target, resume=resume, show_progress=not quiet))
     if is_follower():
-        return
+        leave_as_follower()
     if summary is None:  # stopped by a signal, its state saved
         from heterorl.durable.state import latest_state
 

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from conftest import REPO
 from heterorl.config import ModelConfig, config_to_yaml, load_config
-from heterorl.launch.torchrun import free_port, strip_nproc
+from heterorl.launch.torchrun import failed_rank, free_port, last_line, strip_nproc
 from heterorl.learner import Learner
 from heterorl.parallel import distributed
 from heterorl.parallel.collectives import decode_groups, encode_groups
@@ -220,3 +220,20 @@ def test_launch_mistakes_say_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None
 def test_nproc_is_not_passed_on_to_the_ranks() -> None:
     args = ["run", "c.yaml", "--nproc", "2", "--run-dir", "r", "--nproc=3", "-q"]
     assert strip_nproc(args) == ["run", "c.yaml", "--run-dir", "r", "-q"]
+
+
+def test_the_rank_named_is_the_one_that_failed_not_the_one_the_agent_stopped(tmp_path: Path) -> None:
+    """torchrun's agent SIGTERMs the ranks still running once one fails: rank 0 stopped that way (CI saw
+    "rank 0 exited with code -15") must not hide the follower that failed, nor its last line."""
+    from types import SimpleNamespace
+
+    stopped, failed = SimpleNamespace(exitcode=-15), SimpleNamespace(exitcode=1)
+    assert failed_rank({0: stopped, 1: failed}) == (1, failed)
+    assert failed_rank({0: failed, 1: stopped}) == (0, failed)
+    assert failed_rank({1: stopped, 0: stopped}) == (0, stopped)  # the run itself was terminated
+    killed = SimpleNamespace(exitcode=-9)
+    assert failed_rank({0: stopped, 2: killed, 1: stopped}) == (2, killed)
+    log = tmp_path / "stderr.log"
+    assert last_line(log) == "no output"
+    log.write_text("Traceback ...\nheterorl: error: the run directory is gone\n\n")
+    assert last_line(log) == "heterorl: error: the run directory is gone"

@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from heterorl.launch.errors import LaunchError
 
@@ -61,6 +64,20 @@ def torchrun_argv(nproc: int, args: list[str], port: int, log_dir: str | None = 
     ]
 
 
+def failed_rank(failures: Mapping[int, Any]) -> tuple[int, Any]:
+    """The rank whose failure ended the run: the lowest one that did not die of the SIGTERM the agent sends every
+    rank still running once one has failed (rank 0, stopped that way, would hide the follower that failed); the
+    lowest rank when all of them did (the run itself was terminated)."""
+    own = {rank: f for rank, f in failures.items() if f.exitcode != -signal.SIGTERM}
+    return min((own or failures).items())
+
+
+def last_line(path: Path) -> str:
+    """A follower's last non-empty line of output (its one-line error, the CLI's), or a word that it left none."""
+    lines = path.read_text(encoding="utf-8", errors="replace").strip().splitlines() if path.is_file() else []
+    return lines[-1].strip() if lines else "no output"
+
+
 def torchrun_self(nproc: int) -> int:
     """Run this command as `nproc` processes under torchrun's agent, in this process; returns the exit code.
 
@@ -88,10 +105,14 @@ def torchrun_self(nproc: int) -> int:
     try:
         run(parse_args(argv[3:]))  # argv[3:]: torchrun's own arguments (after `python -m torch.distributed.run`)
     except ChildFailedError as exc:
-        rank, failure = min(exc.failures.items())
+        rank, failure = failed_rank(exc.failures)
         keep_logs = rank != 0
-        where = "its error is above" if rank == 0 else f"its output: {Path(failure.error_file).parent / 'stderr.log'}"
-        raise LaunchError(f"rank {rank} of {nproc} exited with code {failure.exitcode} ({where})") from None
+        if rank == 0:
+            raise LaunchError(f"rank 0 of {nproc} exited with code {failure.exitcode} (its error is above)") from None
+        output = Path(failure.error_file).parent / "stderr.log"
+        raise LaunchError(
+            f"rank {rank} of {nproc} exited with code {failure.exitcode}: {last_line(output)} (its output: {output})"
+        ) from None
     except SignalException:
         return 130
     finally:

@@ -14,12 +14,14 @@ A driver only adds `attach(learner)` once its learner is built (and restored, on
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import NoReturn, TypeVar
 
 import torch
 
@@ -161,6 +163,17 @@ def follow(ranks: Ranks) -> Learner:
             learner.optimizer_state_dict()
         else:
             raise RuntimeError(f"unknown command {op} from rank 0")
+
+
+def leave_as_follower() -> NoReturn:
+    """A follower rank whose run ended well (STOP received, the ranks settled, its group destroyed) exits now, without
+    the interpreter's teardown: it holds nothing to save (rank 0 has the run's state), and a rank that aborted while
+    its process wound down (once in CI: torchrun then stopped rank 0 as it printed the summary, failing a run that had
+    finished) would fail the whole command."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 def is_follower() -> bool:
