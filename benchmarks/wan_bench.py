@@ -8,6 +8,7 @@ kernel has no sch_netem): one-way delay per direction, rate, a bounded bottlenec
     sudo .venv/bin/python benchmarks/wan_bench.py --out /tmp/wb --cases three-links four-links   # calibrated plan
     sudo .venv/bin/python benchmarks/wan_bench.py --out /tmp/ws --steps 80 --cases three-links three-links-store \
         --repeats 2 --no-predict                                  # store vs HTTP, interleaved
+    .venv/bin/python benchmarks/wan_bench.py --out /tmp/wb-again --predict-again /tmp/wb   # saved runs, this code
 
 Cases (configs/wanlab.yaml: the demo on links near 50 ms / 100 Mbit/s, far 300 ms / 20, remote 1 s / 5, one way):
 - three-links: the three shaped links (`--repeats` times: the live spread);
@@ -246,12 +247,14 @@ def measured_config(live: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def calibrated_config(source: Path, target: dict[str, Any]) -> dict[str, Any]:
-    """`heterorl calibrate` on the live run in `source`, for the samplers and steps of the live run `target`
-    (a sampler the calibration never saw keeps its link numbers, at the mean calibrated speed)."""
+def calibrated_config(source: Path, target: dict[str, Any], into: Path | None = None) -> dict[str, Any]:
+    """`heterorl calibrate` on the live run in `source` (its config written under `into`, by default beside the
+    run's results), for the samplers and steps of the live run `target` (a sampler the calibration never saw keeps
+    its link numbers, at the mean calibrated speed)."""
     from heterorl.calibrate import calibrate
 
-    _, path = calibrate(source, source.parent.parent / "calibrated" / f"{source.name}.yaml")
+    into = into if into is not None else source.parent.parent
+    _, path = calibrate(source, into / "calibrated" / f"{source.name}.yaml")
     cfg = yaml.safe_load(path.read_text())
     known = {s["name"]: s for s in cfg["cluster"]["samplers"]}
     speeds = [s["tokens_per_second"] for s in known.values()]
@@ -445,6 +448,30 @@ def run(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     return results
 
 
+def predict_again(source: Path, out: Path) -> list[dict[str, Any]]:
+    """The predictions of the live runs saved in `source` (an earlier `--out`), made again with this code into
+    `out`: calibrated on the first three-links run, as the live pass did. No lab, no root."""
+    lives = [json.loads(p.read_text()) for p in sorted((source / "results").glob("*.json"))]
+    lives = [r for r in lives if r.get("clock") == "live" and CASES.get(r["case"], ((), False))[1]]
+    if not lives:
+        sys.exit(f"error: {source}/results holds no shaped live run to predict")
+    three = sorted(r["label"] for r in lives if r["case"] == "three-links")
+    calibration_source = source / "runs" / three[0] if three else None
+    results: list[dict[str, Any]] = []
+    for live in lives:
+        results.append(live)
+        predictions = [("measured", measured_config(live))]
+        if calibration_source is not None:
+            predictions.append(("calibrated", calibrated_config(calibration_source, live, into=out)))
+        for kind, cfg in predictions:
+            print(f"  simulating {live['label']} ({kind})", flush=True)
+            sim = simulate(f"{live['label']}-sim-{kind}", cfg, live, out)
+            save(out, sim)
+            results.append(sim)
+            print("  " + sim_line(sim), flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="Results directory (runs/, results/, summary.md).")
@@ -463,12 +490,25 @@ def main() -> None:
         "--store-poll", type=float, help="Store cases: transport.store.poll_seconds (the longest wait between looks)."
     )
     parser.add_argument("--no-predict", action="store_true", help="Live runs only, no simulated predictions.")
+    parser.add_argument(
+        "--predict-again",
+        type=Path,
+        metavar="FROM",
+        help="No live runs: predict the live runs saved in FROM (an earlier --out) again with this code (no root).",
+    )
     args = parser.parse_args()
+    out = args.out.resolve()
+    if args.predict_again is not None:
+        if (out / "runs").exists():
+            sys.exit(f"error: {out}/runs exists: remove it or choose another --out")
+        text = tables(predict_again(args.predict_again.resolve(), out))
+        print(text)
+        (out / "summary.md").write_text(text + "\n")
+        return
     if os.geteuid() != 0:
         sys.exit("error: the WAN lab needs root (network namespaces and TUN devices): run it with sudo")
     if args.steps < 3 or args.repeats < 1:
         sys.exit("error: --steps must be at least 3 (a rate needs two steps after the first) and --repeats >= 1")
-    out = args.out.resolve()
     if (out / "runs").exists():
         sys.exit(f"error: {out}/runs exists: remove it or choose another --out")
     from heterorl.lab.netns import remove_stale

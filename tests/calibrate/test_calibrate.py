@@ -177,3 +177,21 @@ def test_a_run_without_event_logs_is_refused_in_one_line(tmp_path: Path) -> None
     assert result.exit_code == 2
     assert "learner.log is missing" in result.output
     assert "Traceback" not in result.output
+
+
+def test_an_update_committed_before_the_samplers_next_pull_could_reach_the_learner_is_left_out() -> None:
+    """A 0.05 s link each way: v1 committed 1 s after v0 arrived finds the next pull waiting (0.05 s + its bytes
+    after the commit); v2 committed 0.01 s after v1 arrived waits for that pull to get there (0.05 s more), which
+    must not read as a slower weights direction (nor, the round trip less it, as a faster rollout one)."""
+    from heterorl.calibrate.measure import weight_arrivals
+    from heterorl.calibrate.records import SamplerLog
+
+    published = {v: {"t": t, "seconds": 0.0} for v, t in [(1, 11.0), (2, 11.06)]}
+
+    def weights(version: int, t: float) -> dict[str, Any]:
+        return {"event": "weights", "ok": True, "version": version, "bytes": 1000, "t": t, "apply_s": 0.0}
+
+    log = SamplerLog("a", [weights(0, 10.0), weights(1, 11.05), weights(2, 11.16)])
+    v1, v2 = (1000, pytest.approx(0.05), pytest.approx(0.05)), (1000, pytest.approx(0.1), pytest.approx(0.1))
+    assert weight_arrivals(log, published) == [v1, v2]  # committed after v1 arrived: taken before
+    assert weight_arrivals(log, published, pull_s=0.05) == [v1]

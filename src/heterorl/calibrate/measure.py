@@ -6,7 +6,10 @@
   least squares (neither part negative);
 - a link's weights direction: the arrival of each update the sampler was waiting for (`weights` event time minus
   its `apply_s`) after the learner committed the version (`published` time minus its encode `seconds`: the
-  simulator publishes when a step ends) = delay + bytes * 8 / rate, fitted on the update's bytes;
+  simulator publishes when a step ends) = delay + bytes * 8 / rate, fitted on the update's bytes; waiting means
+  its next pull was at the learner: the version was committed at least half an upload round trip after the
+  previous update arrived (committed sooner, the rest of that pull's way read as weights delay: on the WAN lab's
+  0.3 s link the rollout direction came out 0.10 s);
 - its rollout direction: each upload's round trip (`replied`: rtt, bytes) less the seconds the learner spent on it
   (`handled`: decoding, screening, journaling the groups; a per-group cost that would otherwise read as a slow
   link) = rollout delay + bytes * 8 / rate + the reply's way back (the weights direction's delay measured from the
@@ -151,9 +154,13 @@ def _published(records: RunRecords) -> dict[int, dict[str, Any]]:
     return {int(e["version"]): e for e in records.learner_events("published")}
 
 
-def weight_arrivals(log: SamplerLog, published: dict[int, dict[str, Any]]) -> list[tuple[int, float, float]]:
+def weight_arrivals(
+    log: SamplerLog, published: dict[int, dict[str, Any]], pull_s: float = 0.0
+) -> list[tuple[int, float, float]]:
     """(bytes, seconds from the version's commit, seconds from its publication) of every verified update the sampler
-    was waiting for: the version was committed after the sampler's previous update arrived."""
+    was waiting for: the version was committed at least `pull_s` (the way to the learner) after the sampler's
+    previous update arrived, so its next pull was there (committed sooner, the update's time from the commit also
+    holds the rest of that pull's way, which read as a slower weights direction and a faster rollout one)."""
     out = []
     for boot in _boots(log):
         previous: float | None = None
@@ -164,7 +171,7 @@ def weight_arrivals(log: SamplerLog, published: dict[int, dict[str, Any]]) -> li
             pub = published.get(int(e["version"]))
             if pub is not None and previous is not None and e.get("bytes", 0) > 0:
                 committed = float(pub["t"]) - float(pub.get("seconds", 0.0))
-                if committed >= previous:
+                if committed >= previous + pull_s:
                     out.append((int(e["bytes"]), arrived - committed, arrived - float(pub["t"])))
             previous = arrived
     return out
@@ -186,7 +193,9 @@ def link_direction(x: list[float], y: list[float]) -> LinkDirection:
 def link_calibration(cal: SamplerCalibration, log: SamplerLog, published: dict[int, dict[str, Any]]) -> list[str]:
     """Fill the link figures of one sampler; returns notes on what could not be measured."""
     notes = []
-    arrivals = weight_arrivals(log, published)
+    uploads = [e for e in log.of("replied") if "rtt" in e]
+    rtts = [max(float(e["rtt"]) - float(e.get("handled", 0.0)), 0.0) for e in uploads]
+    arrivals = weight_arrivals(log, published, _median(rtts) / 2.0 if rtts else 0.0)
     back = None  # the reply's way back: the weights direction's delay without the encode
     if arrivals:
         cal.weights = link_direction([float(b) for b, _, _ in arrivals], [d for _, d, _ in arrivals])
@@ -194,10 +203,8 @@ def link_calibration(cal: SamplerCalibration, log: SamplerLog, published: dict[i
         back = _median([max(0.0, p - per_byte * b) for b, _, p in arrivals])
     else:
         notes.append(f"{cal.name}: no weight update arrived while it waited: its weights delay is not measured")
-    uploads = [e for e in log.of("replied") if "rtt" in e]
     if uploads:
         cal.rtt = mean_estimate([float(e["rtt"]) for e in uploads])
-        rtts = [max(float(e["rtt"]) - float(e.get("handled", 0.0)), 0.0) for e in uploads]
         rollout = link_direction([float(e["bytes"]) for e in uploads], rtts)
         if back is None:
             back = _median(rollout.delays) / 2.0
