@@ -93,7 +93,10 @@ def start(cfg: RunConfig) -> Ranks | None:
     if missing:
         raise DistributedSetupError(f"started as one rank of a group but {', '.join(missing)} unset: use torchrun")
     rank, world, local = (int(os.environ[v]) for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
-    die_with_parent()  # torchrun's agent started this rank: if the agent dies (even SIGKILL), the rank goes too
+    # torchrun's agent started this rank: if the agent dies (even SIGKILL), the rank goes too. A follower ignores
+    # SIGTERM (`follow`: rank 0 decides when the run ends), so it asks for SIGKILL: with SIGTERM, a follower whose
+    # agent was killed (a test's timeout) waited in its collective for good, holding its memory and its port
+    die_with_parent(sig=signal.SIGTERM if rank == 0 else signal.SIGKILL)
     if cfg.parallel.strategy == "none":
         if world > 1:
             raise DistributedSetupError(
