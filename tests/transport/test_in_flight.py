@@ -43,3 +43,25 @@ def test_an_error_nobody_awaits_is_not_printed(caplog: pytest.LogCaptureFixture)
         asyncio.run(scenario())
         gc.collect()
     assert "never retrieved" not in caplog.text
+
+
+def test_close_ends_what_is_in_flight_and_refuses_new_work() -> None:
+    """A stopped sampler: nothing left pending when its loop closes, nothing started after (a request started by an
+    answer that arrived during shutdown printed "Task was destroyed but it is pending!")."""
+
+    async def scenario() -> tuple[bool, int, list[str]]:
+        flight = InFlight()
+        answers: list[str] = []
+        flight.run(asyncio.sleep(30, "late"), answers.append)
+        await asyncio.sleep(0)
+        await flight.close(timeout=5)
+        gone = not flight.tasks
+        never = asyncio.sleep(0, "refused")
+        flight.run(never, answers.append)
+        await asyncio.sleep(0.01)
+        return gone, never.cr_frame is None, answers  # closed, not left un-awaited
+
+    gone, closed, answers = asyncio.run(scenario())
+    assert gone
+    assert closed
+    assert answers == []

@@ -148,6 +148,9 @@ async def open_sampler_side(
             side = EmulatedSide(side, cfg.cluster.samplers[worker.index].link, cfg.seed, worker.index, cfg.live)
         yield side, status
     finally:
+        for requests in (getattr(s, "requests", None) for s in (http_side, store_side)):
+            if requests is not None:
+                await requests.close()  # nothing left pending when the loop closes
         if store_side is not None:
             store_side.close()
         if client is not None:

@@ -1,6 +1,9 @@
 """The requests a live sampler side has on their way (HTTP, the store, the link emulation): each runs as an
 asyncio task whose result is handed to a callback; the first error fails `failed` (the sampler stops on it);
-`settle` lets the answers already on their way arrive; `cancel` drops the rest."""
+`settle` lets the answers already on their way arrive; `cancel` drops the rest; `close` drops them, waits until they
+are gone and refuses new work (a sampler stopped by a signal: a request started by an answer that came in while
+asyncio cancelled the tasks it knew of was left pending, and Python printed "Task was destroyed but it is pending!"
+below the sampler's one line)."""
 
 from __future__ import annotations
 
@@ -15,10 +18,16 @@ class InFlight:
     def __init__(self, failed: asyncio.Future[None] | None = None) -> None:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.failed = failed if failed is not None else asyncio.get_running_loop().create_future()
+        self.closed = False
 
     def run(self, work: Awaitable[Any], done: Callable[[Any], None]) -> None:
         """Run `work`; hand its result to `done`, or its error to `failed` (unreachable, a refused credential,
-        not a learner: the sampler stops)."""
+        not a learner: the sampler stops). Closed: `work` is not started."""
+        if self.closed:
+            close = getattr(work, "close", None)  # a coroutine never awaited would warn
+            if close is not None:
+                close()
+            return
         task = asyncio.ensure_future(work)
         self.tasks.add(task)
 
@@ -45,3 +54,10 @@ class InFlight:
     def cancel(self) -> None:
         for task in self.tasks:
             task.cancel()
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """Refuse new work, cancel what is in flight and wait (at most `timeout` s) until it has ended."""
+        self.closed = True
+        self.cancel()
+        if self.tasks:
+            await asyncio.wait(set(self.tasks), timeout=timeout)
