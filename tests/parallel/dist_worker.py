@@ -53,8 +53,12 @@ def main() -> None:
         local = sum(_local(p).numel() for p in learner.train_module.parameters())
         full = sum(p.numel() for p in learner.train_module.parameters())
         (out / f"rank{ranks.rank}.json").write_text(json.dumps({"local": local, "full": full}))
+        ranks.settle()  # as `run_as_rank`: every rank here before any tears the group down
     finally:
         ranks.close()
+    # as `heterorl run` / `learner` followers (`leave_as_follower`): out without the interpreter's teardown, where a
+    # rank hung in an exit hook (torch._dynamo's `dump_compile_times` importing tabulate) until the test's timeout
+    distributed.leave_as_follower()
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
