@@ -432,43 +432,49 @@ def run(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
             if line not in shown:
                 shown.add(line)
                 print("  " + line, flush=True)
-        if not CASES[case][1] or args.no_predict or case in STORE_CASES:
+        if args.no_predict or not predicted(case):
             continue
-        predictions = [("measured", measured_config(live))]
         if case == "three-links" and calibration_source is None:
             calibration_source = out / "runs" / label
-        if calibration_source is not None:
-            predictions.append(("calibrated", calibrated_config(calibration_source, live)))
-        for kind, cfg in predictions:
-            print(f"  simulating {label} ({kind})", flush=True)
-            sim = simulate(f"{label}-sim-{kind}", cfg, live, out)
-            save(out, sim)
-            results.append(sim)
-            print("  " + sim_line(sim), flush=True)
+        results += predict(live, calibration_source, out)
     return results
+
+
+def predicted(case: str) -> bool:
+    """The simulator predicts the shaped cases, not the store's (its store is not the lab's S3 server)."""
+    return CASES[case][1] and case not in STORE_CASES
+
+
+def predict(
+    live: dict[str, Any], calibration_source: Path | None, out: Path, into: Path | None = None
+) -> list[dict[str, Any]]:
+    """The simulator's predictions of the live run `live` (measured; calibrated on `calibration_source` when
+    there is one, its config under `into`), simulated into `out` and saved there."""
+    predictions = [("measured", measured_config(live))]
+    if calibration_source is not None:
+        predictions.append(("calibrated", calibrated_config(calibration_source, live, into)))
+    sims = []
+    for kind, cfg in predictions:
+        print(f"  simulating {live['label']} ({kind})", flush=True)
+        sim = simulate(f"{live['label']}-sim-{kind}", cfg, live, out)
+        save(out, sim)
+        sims.append(sim)
+        print("  " + sim_line(sim), flush=True)
+    return sims
 
 
 def predict_again(source: Path, out: Path) -> list[dict[str, Any]]:
     """The predictions of the live runs saved in `source` (an earlier `--out`), made again with this code into
     `out`: calibrated on the first three-links run, as the live pass did. No lab, no root."""
     lives = [json.loads(p.read_text()) for p in sorted((source / "results").glob("*.json"))]
-    lives = [r for r in lives if r.get("clock") == "live" and CASES.get(r["case"], ((), False))[1]]
+    lives = [r for r in lives if r.get("clock") == "live" and r.get("case") in CASES and predicted(r["case"])]
     if not lives:
         sys.exit(f"error: {source}/results holds no shaped live run to predict")
     three = sorted(r["label"] for r in lives if r["case"] == "three-links")
     calibration_source = source / "runs" / three[0] if three else None
     results: list[dict[str, Any]] = []
     for live in lives:
-        results.append(live)
-        predictions = [("measured", measured_config(live))]
-        if calibration_source is not None:
-            predictions.append(("calibrated", calibrated_config(calibration_source, live, into=out)))
-        for kind, cfg in predictions:
-            print(f"  simulating {live['label']} ({kind})", flush=True)
-            sim = simulate(f"{live['label']}-sim-{kind}", cfg, live, out)
-            save(out, sim)
-            results.append(sim)
-            print("  " + sim_line(sim), flush=True)
+        results += [live, *predict(live, calibration_source, out, into=out)]
     return results
 
 
