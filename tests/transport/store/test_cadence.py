@@ -34,3 +34,15 @@ def test_only_a_side_that_awaits_an_answer_gets_the_busy_spell():
     due, manifest = Cadence.of(cfg, answer_due=True), Cadence.of(cfg, answer_due=False)
     assert [due.nothing() for _ in range(4)] == pytest.approx([0.05, 0.05, 0.05, 0.1])
     assert [manifest.nothing() for _ in range(4)] == pytest.approx([0.05, 0.1, 0.2, 0.4])
+
+
+def test_the_spacing_runs_from_one_looks_start_to_the_next():
+    cadence = Cadence(0.05, 2.0, busy_s=0.3)
+    # looks over a 100 ms round trip: each has waited longer than the spacing, so the next goes at once, and the
+    # busy spell is spent in real time (0.1 s a look): after three looks the spacing doubles
+    assert [cadence.nothing(took_s=0.1) for _ in range(4)] == pytest.approx([0.0, 0.0, 0.0, 0.0])
+    assert cadence.quiet == pytest.approx(0.4)
+    assert cadence.nothing(took_s=0.02) == pytest.approx(0.08)  # spacing 0.1 (doubled), 0.02 of it taken
+    assert cadence.nothing(took_s=0.02) == pytest.approx(0.18)
+    assert cadence.found() == 0.0
+    assert cadence.nothing(took_s=0.01) == pytest.approx(0.04)  # a new busy spell at first_s, less the look

@@ -215,6 +215,7 @@ class SimStoreSide:
         body = encode_upload(upload)
         key = upload_key(self.name, self.session, upload.seq, body)
         cadence = Cadence.of(self.store.store_cfg, answer_due=True)
+        looked_at = [0.0]  # when the look being answered went out (the spacing runs from one look's start)
 
         def put() -> tuple[None, int]:
             self.store.objects.put(key, body)
@@ -228,11 +229,14 @@ class SimStoreSide:
             self.store.objects.delete(reply_key(self.name, self.session, upload.seq))
             return raw, len(raw) + HEAD_BYTES
 
+        def look_again() -> None:
+            looked_at[0] = self.events.now
+            self._request(HEAD_BYTES, look, looked)
+
         def looked(raw: bytes | None) -> None:
             if raw is None:
-                self.events.schedule_in(
-                    cadence.nothing(), self._request, HEAD_BYTES, look, looked, label=f"{self.name} looks for reply"
-                )
+                wait = cadence.nothing(took_s=self.events.now - looked_at[0])
+                self.events.schedule_in(wait, look_again, label=f"{self.name} looks for reply")
                 return
             try:
                 done(decode_reply(raw, len(upload.groups)))
@@ -242,7 +246,7 @@ class SimStoreSide:
         modelled = self.store.link.modelled  # a plan's group size, if it gives one
         nbytes = len(body) if modelled is None else modelled.upload_nbytes(body, upload.groups)
         self.counts["uploads"] += 1
-        self._request(nbytes + HEAD_BYTES, put, lambda _: self._request(HEAD_BYTES, look, looked))
+        self._request(nbytes + HEAD_BYTES, put, lambda _: look_again())
 
     # ------------------------------------------------------------------ weights
     def pull(self, held: Callable[[], Held], wait_s: float, done: Callable[[Any], None]) -> None:
@@ -252,6 +256,7 @@ class SimStoreSide:
         holds = held()[0] is not None  # (a sampler that holds nothing waits for a first version as long as a live one)
         deadline = self.events.now + (wait_s if holds else max(wait_s, self.store.store_cfg.poll_seconds))
         cadence = Cadence.of(self.store.store_cfg, answer_due=False)
+        looked_at = [self.events.now]
 
         def look() -> tuple[Any, int]:
             if self.store.finished:
@@ -272,10 +277,12 @@ class SimStoreSide:
             if answer is not None or self.events.now >= deadline:
                 done(answer)
                 return
-            wait = min(cadence.nothing(), max(deadline - self.events.now, 0.0))
-            self.events.schedule_in(
-                wait, self._request, HEAD_BYTES, look, looked, label=f"{self.name} reads the manifest"
-            )
+            wait = min(cadence.nothing(took_s=self.events.now - looked_at[0]), max(deadline - self.events.now, 0.0))
+            self.events.schedule_in(wait, read_again, label=f"{self.name} reads the manifest")
+
+        def read_again() -> None:
+            looked_at[0] = self.events.now
+            self._request(HEAD_BYTES, look, looked)
 
         self._request(HEAD_BYTES, look, looked)
 

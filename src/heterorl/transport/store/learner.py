@@ -1,6 +1,6 @@
 """The learner's side of the store, beside its HTTP service: weights out (`StorePublisher`), uploads in and
 replies out (`StoreIntake`), the samplers' heartbeats, and the `finished` marker -- in one thread that looks at the
-store again at once after it found uploads and after waits doubling up to `poll_seconds` while it finds none
+store again at once after it found uploads and at spacings doubling up to `poll_seconds` while it finds none
 (`Cadence`), backing off while the store is away (each failed round counted as `outage`).
 """
 
@@ -102,6 +102,7 @@ class StoreLearnerSide:
         delay = self.poll_s
         beats_at = 0.0
         while not self._stop.is_set():
+            looked_at = time.monotonic()
             try:
                 handled = self.intake.poll() if self.intake is not None else 0
                 if time.monotonic() - beats_at >= self.poll_s:  # heartbeats change slowly: every poll_seconds
@@ -117,7 +118,7 @@ class StoreLearnerSide:
             if self.is_finished():
                 self._finish()
                 return
-            self._stop.wait(self.cadence.found() if handled else self.cadence.nothing())
+            self._stop.wait(self.cadence.found() if handled else self.cadence.nothing(time.monotonic() - looked_at))
 
     def _finish(self) -> None:
         """Upload the last version, then write the `finished` marker (store samplers stop on it)."""

@@ -4,7 +4,8 @@ manifest (`StoreWeightSource`).
 An upload is written under `up/<sampler>/<session>/<seq>-<digest>.up` (`intake.upload_key`; the learner checks
 the digest: a torn or corrupted object is refused as `corrupt`); its reply appears under
 `down/<sampler>/<session>/<seq>.reply`, which the sampler looks for at a `Cadence`: at once, then every
-`first_poll_seconds` for `busy_poll_seconds` (the reply is due), then after waits doubling to `poll_seconds`. (Looks
+`first_poll_seconds` (start to start: over a long link the next look goes as the "not there" comes back) for
+`busy_poll_seconds` (the reply is due), then at spacings doubling to `poll_seconds`. (Looks
 sent on time without waiting for the previous answer saw replies sooner but tripled the GETs, and on the WAN lab's
 2-core machine the store server they loaded slowed the learner's listings more than they gained.) The reply is
 handed over as soon as it is read and deleted in the background (a DELETE is a round trip to the store: over a WAN
@@ -108,10 +109,11 @@ class StoreSamplerSide:
         cadence = Cadence.of(self.cfg, answer_due=True)
         forged = 0
         while True:
+            looked_at = time.monotonic()
             try:
                 raw = await self._retry("get reply", lambda: self.objects.get(key, MAX_REPLY_BYTES))
             except ObjectMissing:
-                await asyncio.sleep(cadence.nothing())
+                await asyncio.sleep(cadence.nothing(took_s=time.monotonic() - looked_at))
                 continue
             reply = open_reply(self.learner_key, self.name, self.session, upload.seq, raw)
             if reply is None:  # not the learner's: gone before the upload goes again, which the learner answers

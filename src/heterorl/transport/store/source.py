@@ -119,6 +119,7 @@ class StoreWeightSource:
         deadline = time.monotonic() + max(wait_s, self.cfg.poll_seconds if version is None else 0.0)
         cadence = Cadence.of(self.cfg, answer_due=False)
         while True:
+            looked_at = time.monotonic()
             try:  # the heartbeat's PUT and the poll's GETs at once: over a long link each is a round trip
                 loop = asyncio.get_running_loop()
                 _, got = await asyncio.gather(
@@ -140,7 +141,7 @@ class StoreWeightSource:
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
-            await asyncio.sleep(min(cadence.nothing(), left))
+            await asyncio.sleep(min(cadence.nothing(took_s=time.monotonic() - looked_at), left))
 
     # ---------------------------------------------------------------- one poll (blocking)
     def _poll(self, version: int | None, state_hash: str | None) -> bytes | str | None:
