@@ -47,9 +47,14 @@ class InFlight:
         task.add_done_callback(finished)
 
     async def settle(self, timeout: float) -> None:
-        """Let the tasks in flight finish (their answers still count), at most `timeout` seconds."""
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=timeout)
+        """Let the tasks in flight finish (their answers still count), and those they start meanwhile, at most
+        `timeout` seconds."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.tasks:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return
+            await asyncio.wait(set(self.tasks), timeout=left)
 
     def cancel(self) -> None:
         for task in self.tasks:

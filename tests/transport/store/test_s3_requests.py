@@ -1,5 +1,6 @@
-"""What an s3:// store sends: a small PUT carries its body at once (no `Expect: 100-continue` round trip), and a
-listing is one LIST request, found or not (s3fs's `find` added a HEAD and a second LIST for an empty prefix)."""
+"""What an s3:// store sends: a small PUT carries its body at once (no `Expect: 100-continue` round trip), a
+listing is one LIST request, found or not (s3fs's `find` added a HEAD and a second LIST for an empty prefix), and
+objects deleted together one DeleteObjects request."""
 
 from __future__ import annotations
 
@@ -43,3 +44,19 @@ def test_a_small_put_is_one_request_and_a_listing_one_list(moto_endpoint, monkey
     sent.clear()
     assert list(store.list("down/")) == []
     assert len(sent) == 1
+
+
+def test_objects_deleted_together_are_one_request(moto_endpoint, monkeypatch):
+    for key, value in MOTO_ENV.items():
+        monkeypatch.setenv(key, value)
+    store = FsspecStore(StoreConfig(url=f"s3://{make_bucket(moto_endpoint)}/run", endpoint_url=moto_endpoint))
+    sent: list[tuple[str, str]] = []
+    emitter = store.fs.session.get_component("event_emitter")  # before the first call creates the client
+    emitter.register("before-send.s3", lambda request, **_: sent.append((request.method, request.url)))
+    for i in range(3):
+        store.put(f"down/a/{i}.reply", b"r")
+    sent.clear()
+    store.delete_many([f"down/a/{i}.reply" for i in range(3)] + ["down/a/never-there.reply"])  # missing is fine
+    assert [m for m, _ in sent] == ["POST"]  # DeleteObjects
+    assert "delete" in sent[0][1]
+    assert list(store.list("down/")) == []

@@ -1,6 +1,6 @@
 """The sampler's end of a store conversation: a reply is handed over as soon as it is read, and deleted in the
 background (a DELETE is a round trip to the store; over a WAN link, awaiting it made every exchange one round trip
-longer: benchmarks/wan_bench.py, three-links-store)."""
+longer: benchmarks/wan_bench.py, three-links-store), with the replies read close together in one request."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_a_reply_is_handed_over_before_its_delete_and_deleted_after() -> None:
                 break
             await asyncio.sleep(0.01)
         early = list(replies)
-        held = objects.deleting.is_set() and objects.list("down/") != []
+        held = objects.list("down/") != []  # its delete waits for the batch, or for the store
         objects.release.set()
         await side.settle(10)
         side.close()
@@ -63,3 +63,39 @@ def test_a_reply_is_handed_over_before_its_delete_and_deleted_after() -> None:
     assert early == [answer]  # handed over ...
     assert held  # ... while its delete was still waiting
     assert objects.list("down/") == []  # and deleted after
+
+
+class CountedDeletes(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+
+    def delete_many(self, keys: list[str]) -> None:
+        self.batches.append(sorted(keys))
+        super().delete_many(keys)
+
+
+def test_replies_read_close_together_are_deleted_in_one_request() -> None:
+    objects = CountedDeletes()
+    cfg = StoreConfig(first_poll_seconds=0.01, poll_seconds=0.05)
+    backoff = Backoff(0.01, 0.05, random.Random(0))
+
+    async def scenario() -> list[Reply]:
+        side = StoreSamplerSide(
+            objects, cfg, LiveConfig(), "s0", "b00t", backoff, EventLog(io.StringIO()), lambda p: p, lambda: (0.5, 0)
+        )
+        replies: list[Reply] = []
+        for seq in range(3):
+            side.exchange(Upload("s0", "b00t", seq, -1, wanted=2), replies.append)
+        while len(objects.list("up/")) < 3:
+            await asyncio.sleep(0.01)
+        for seq in range(3):  # the learner answers the three uploads at once
+            objects.put(reply_key("s0", "b00t", seq), encode_reply(Reply(seq=seq, granted=2, version=3)))
+        await side.settle(10)
+        side.close()
+        return replies
+
+    replies = asyncio.run(scenario())
+    assert sorted(r.seq for r in replies) == [0, 1, 2]
+    assert objects.batches == [[reply_key("s0", "b00t", seq) for seq in range(3)]]  # one request for the three
+    assert objects.list("down/") == []

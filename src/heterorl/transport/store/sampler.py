@@ -9,7 +9,9 @@ the digest: a torn or corrupted object is refused as `corrupt`); its reply appea
 sent on time without waiting for the previous answer saw replies sooner but tripled the GETs, and on the WAN lab's
 2-core machine the store server they loaded slowed the learner's listings more than they gained.) The reply is
 handed over as soon as it is read and deleted in the background (a DELETE is a round trip to the store: over a WAN
-link awaiting it made every exchange one round trip longer). With the learner's public key a reply must be
+link awaiting it made every exchange one round trip longer), with the other replies read within `DELETE_BATCH_S`
+in one request (`ObjectStore.delete_many`: S3's DeleteObjects; every request costs the store and both ends CPU,
+which in the one-machine WAN lab all share the learner's cores). With the learner's public key a reply must be
 signed by the learner for this upload (`identity.open_reply`): one that is not is counted (`forged_reply`),
 deleted, and the upload is written again, which the learner answers anew (from its retry cache, or `duplicate`
 after a restart: a group is never taken twice); at the forged reply after `MAX_FORGED_REPLIES` such rewrites the
@@ -25,6 +27,7 @@ sampler.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -49,6 +52,7 @@ from heterorl.weights.signing import Authority
 
 MAX_REPLY_BYTES = 1 << 20
 IO_THREADS = 32
+DELETE_BATCH_S = 0.25  # replies read within this long go in one delete request
 MAX_FORGED_REPLIES = 3  # an upload written again this often after forged replies; the next forgery gives it up
 
 
@@ -83,6 +87,8 @@ class StoreSamplerSide:
         self.learner_key = None if authority is None else authority.key  # replies must be signed with it
         self.uploads: Counter[str] = Counter()
         self.requests = InFlight()
+        self._read_replies: list[str] = []  # replies read, to delete in the next batch
+        self._deleting = False
         self.failed = self.requests.failed
 
     @property
@@ -126,13 +132,29 @@ class StoreSamplerSide:
                     return Reply(seq=upload.seq, refused="malformed", detail=f"{forged} forged replies, given up")
                 await self._retry("put upload", lambda: self.objects.put(up_key, body))
                 continue
-            self.requests.run(self._retry("delete reply", lambda: self.objects.delete(key)), lambda _: None)
+            self._delete_later(key)
             try:
                 return decode_reply(reply, len(upload.groups))
             except WireError as err:  # a reply that is not one: count it and let the learner answer again
                 self.uploads["bad_reply"] += 1
                 self.events.emit("store", fault="bad_reply", detail=str(err)[:300])
                 return Reply(seq=upload.seq, refused="malformed", detail=f"unreadable reply: {err}"[:200])
+
+    def _delete_later(self, key: str) -> None:
+        """A reply read: deleted with the others read within `DELETE_BATCH_S` in one request (`delete_many`)."""
+        self._read_replies.append(key)
+        if not self._deleting:
+            self._deleting = True
+            self.requests.run(self._delete_read_replies(), lambda _: None)
+
+    async def _delete_read_replies(self) -> None:
+        try:
+            while self._read_replies:
+                await asyncio.sleep(DELETE_BATCH_S)
+                keys, self._read_replies = self._read_replies, []
+                await self._retry("delete replies", functools.partial(self.objects.delete_many, keys))
+        finally:
+            self._deleting = False
 
     async def _retry(self, what: str, call: Callable[[], Any]) -> Any:
         began = time.monotonic()
