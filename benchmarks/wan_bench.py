@@ -6,8 +6,8 @@ kernel has no sch_netem): one-way delay per direction, rate, a bounded bottlenec
 
     sudo .venv/bin/python benchmarks/wan_bench.py --out /tmp/wanbench --steps 40
     sudo .venv/bin/python benchmarks/wan_bench.py --out /tmp/wb --cases three-links four-links   # calibrated plan
-    sudo .venv/bin/python benchmarks/wan_bench.py --out /tmp/ws --steps 80 --cases three-links three-links-store \
-        --repeats 2 --no-predict                                  # store vs HTTP, interleaved
+    sudo .venv/bin/python benchmarks/wan_bench.py --out /tmp/ws --steps 200 --cases three-links-store three-links \
+        --repeats 4 --no-predict                                  # store vs HTTP, interleaved (~9 min)
     .venv/bin/python benchmarks/wan_bench.py --out /tmp/wb-again --predict-again /tmp/wb   # saved runs, this code
 
 Cases (configs/wanlab.yaml: the demo on links near 50 ms / 100 Mbit/s, far 300 ms / 20, remote 1 s / 5, one way):
