@@ -24,7 +24,7 @@ from heterorl.loop.intake import body_digest
 from heterorl.loop.protocol import Upload
 from heterorl.rollout_codec import encode_group
 from heterorl.transport.backoff import Backoff
-from heterorl.transport.store.intake import DELETE_BATCH_S, StoreIntake, reply_key, upload_key
+from heterorl.transport.store.intake import StoreIntake, reply_key, upload_key
 from heterorl.transport.store.objects import MemoryStore, open_store
 from heterorl.transport.store.sampler import StoreSamplerSide
 from heterorl.transport.wire import decode_reply, encode_upload
@@ -243,44 +243,6 @@ def test_workers_serve_sessions_at_once_each_in_order_with_the_serial_verdicts(
         )
     assert dict(intake.counts) == {"answered": 6}
     assert objects.list("up/") == []
-
-
-class BatchedDeletes(MemoryStore):
-    def __init__(self) -> None:
-        super().__init__("memory://batched")
-        self.batches: list[list[str]] = []
-        self.single: list[str] = []
-
-    def delete(self, key: str) -> None:
-        self.single.append(key)
-        super().delete(key)
-
-    def delete_many(self, keys: list[str]) -> None:
-        self.batches.append(list(keys))
-        for key in keys:
-            super().delete(key)
-
-
-@pytest.mark.usefixtures("varied_reward")
-def test_a_live_intake_deletes_what_it_answered_in_one_request_and_never_answers_it_twice(
-    tmp_path: Path, tiny_model_dir: Path
-) -> None:
-    live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *ROLLOUTS, "learner.steps=2")
-    objects = BatchedDeletes()
-    bodies = [encode_group(g) for g in sample_groups(live, tiny_model_dir, 3)]
-    keys = [put_upload(objects, live, [body], seq) for seq, body in enumerate(bodies)]
-    intake = StoreIntake(objects, live.loop, live.cfg.live.max_body_bytes, 8, io_threads=4)
-    assert intake.poll() == 3
-    assert len(objects.list("up/")) == 3  # answered, their delete waits for the batch
-    assert intake.poll() == 0  # not answered again meanwhile
-    time.sleep(DELETE_BATCH_S)
-    assert intake.poll() == 0  # this pass deleted them first
-    assert objects.batches == [keys]  # one request for the three
-    assert objects.single == []
-    assert objects.list("up/") == []
-    intake.close()
-    assert [outcomes(objects, seq) for seq in range(3)] == [["accepted"]] * 3
-    assert live.loop.intake.counters.duplicates == 0
 
 
 class SlowStore(MemoryStore):

@@ -16,10 +16,8 @@ up to that many sessions are served at once, each still in order. An upload cost
 DELETE, round trips to the store; with `io_threads` (a live learner) they leave the judging's way: the next
 uploads of a session are read while one is judged, and each reply is written (then its upload deleted) while the
 next is judged. One after another they capped one session near 40 groups/s on the WAN lab's S3 server (~0.2 s an
-upload). A live learner deletes the uploads it answered within `DELETE_BATCH_S` in one request (`delete_many`), and
-its listings skip them until then; a learner killed in between meets them again after `--resume` and answers them
-again (`duplicate`). The simulator's store takes no time for them (and judges inline). With the learner's key every
-reply is signed (`identity.sign_reply`), so nobody else can answer an upload.
+upload). The simulator's store takes no time for them (and judges inline). With the learner's key every reply is
+signed (`identity.sign_reply`), so nobody else can answer an upload.
 
 Also here: `read_heartbeats`, the learner's view of samplers that pull weights from the store (their
 `samplers/<name>.json`), fed to the loop exactly as HTTP pulls are (reports, and their leases renewed).
@@ -27,13 +25,11 @@ Also here: `read_heartbeats`, the learner's view of samplers that pull weights f
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import math
 import re
 import threading
-import time
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -46,20 +42,12 @@ from heterorl.loop.learner_loop import LearnerLoop
 from heterorl.loop.protocol import Reply
 from heterorl.transport.identity import CredentialRegistry, sign_reply
 from heterorl.transport.store.manifest import REPLIES, SAMPLERS, UPLOADS
-from heterorl.transport.store.objects import (
-    ObjectInfo,
-    ObjectMissing,
-    ObjectNotRegular,
-    ObjectStore,
-    ObjectTimeout,
-    StoreUnavailable,
-)
+from heterorl.transport.store.objects import ObjectInfo, ObjectMissing, ObjectNotRegular, ObjectStore, ObjectTimeout
 from heterorl.transport.wire import WireError, decode_upload, encode_reply
 
 UPLOAD_KEY = re.compile(r"^up/([A-Za-z0-9._-]{1,128})/([A-Za-z0-9_-]{1,64})/([0-9]{10})-([0-9a-f]{32})\.up$")
 MAX_HEARTBEAT_BYTES = 4096
 IO_THREADS = 16  # a live learner's reads and reply writes in flight at once (the store is far: latency, not CPU)
-DELETE_BATCH_S = 0.25  # a live learner deletes the uploads it answered within this long in one request
 PREFETCH_BYTES = 8 << 20  # uploads read ahead of the one being judged, by listed size (at least one is read)
 T = TypeVar("T")
 MAX_REMEMBERED = 100_000  # hostile entries counted once each (bounded memory)
@@ -96,20 +84,14 @@ class StoreIntake:
         self._lock = threading.Lock()  # the counts above, from the workers
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="store-intake") if workers > 1 else None
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="store-io") if io_threads > 0 else None
-        # with I/O threads (live), answered uploads are deleted in batches: skipped by listings until then
-        self._answered: set[str] = set()
-        self._to_delete: list[str] = []
-        self._oldest_answer = 0.0  # time.monotonic() of the first answer waiting for its delete
 
     def poll(self) -> int:
         """Answer every upload in the store (sessions round robin, each in order); returns the number answered.
         StoreUnavailable propagates (the caller backs off) once every session's pass has ended."""
-        self.delete_answered()
         listing = self.objects.list(UPLOADS)
         for entry in getattr(listing, "skipped", ()):
             self._not_regular(entry.key, entry.kind)
-        with self._lock:
-            uploads = [o for o in listing if o.key.endswith(".up") and o.key not in self._answered]
+        uploads = [o for o in listing if o.key.endswith(".up")]
         if self._pool is None or len(uploads) < 2:
             return self._pass(_round_robin(uploads))
         passes = [self._pool.submit(self._pass, infos) for infos in _by_session(uploads).values()]
@@ -204,29 +186,11 @@ class StoreIntake:
             return True
         return self.loop.exchange(upload)
 
-    def delete_answered(self, now: bool = False) -> None:
-        """Delete the uploads answered `DELETE_BATCH_S` ago or more (and those answered since), in one request
-        (`ObjectStore.delete_many`); all of them with `now`."""
-        with self._lock:
-            if not self._to_delete or (not now and time.monotonic() - self._oldest_answer < DELETE_BATCH_S):
-                return
-            keys, self._to_delete = self._to_delete, []
-        try:
-            self.objects.delete_many(keys)
-        except BaseException:
-            with self._lock:  # tried again with the next batch
-                self._to_delete = keys + self._to_delete
-            raise
-        with self._lock:
-            self._answered.difference_update(keys)
-
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         if self._io is not None:
             self._io.shutdown(wait=True)
-        with contextlib.suppress(StoreUnavailable):  # left for the next learner life, which answers them again
-            self.delete_answered(now=True)
 
     def _count(self, key: str) -> None:
         with self._lock:
@@ -262,14 +226,7 @@ class StoreIntake:
         if self.signing_key is not None:
             body = sign_reply(self.signing_key, sampler, session, seq, body)
         self.objects.put(reply_key(sampler, session, seq), body)
-        if self._io is None:
-            self.objects.delete(object_key)
-        else:
-            with self._lock:
-                if not self._to_delete:
-                    self._oldest_answer = time.monotonic()
-                self._answered.add(object_key)
-                self._to_delete.append(object_key)
+        self.objects.delete(object_key)
         self._count(reply.refused or "answered")
         return True
 
