@@ -38,7 +38,6 @@ from heterorl.transport.store.localfs import KINDS, TMP_PREFIX
 
 T = TypeVar("T")
 CONTINUE_MIN_BYTES = 2 << 20  # PUTs smaller than this send their body at once (`_no_continue_for_small_puts`)
-MAX_BATCH_DELETE = 1000  # keys in one DeleteObjects request (S3's limit)
 
 
 class StoreUnavailable(OSError):  # noqa: N818 (reads as a state: "the store is unavailable")
@@ -123,8 +122,7 @@ class ObjectStore(ABC):
         """Remove an object; a missing one is fine."""
 
     def delete_many(self, keys: list[str]) -> None:
-        """Remove these objects (missing ones are fine); a store with a batch call makes it one request per
-        `MAX_BATCH_DELETE` keys."""
+        """Remove these objects (missing ones are fine); a store with a batch call makes it one request."""
         for key in keys:
             self.delete(key)
 
@@ -278,19 +276,14 @@ class FsspecStore(ObjectStore):
             pass
 
     def delete_many(self, keys: list[str]) -> None:
-        """On S3 one DeleteObjects request per 1,000 keys (`MAX_BATCH_DELETE`) instead of a DELETE each: the same
-        permission (s3:DeleteObject), missing keys fine. S3 answers a key it could not delete in the response's
-        `Errors` without failing the request; such an object stays, as after a DELETE lost on the way, and is
-        deleted again by whoever meets it next (an upload is answered again, idempotently)."""
+        """On S3 one DeleteObjects request per 1,000 keys (s3fs's `rm` of a list) instead of a DELETE each: the
+        same permission (s3:DeleteObject), missing keys fine. S3 answers a key it could not delete in the
+        response's `Errors` without failing the request; such an object stays, as after a DELETE lost on the way
+        (the only caller deletes replies already read: one left behind is never read again)."""
         if self.local or len(keys) < 2:
             super().delete_many(keys)
             return
-        from fsspec.asyn import sync  # s3fs's dependency: only s3:// stores get here
-
-        paths = [self._path(key) for key in keys]
-        for i in range(0, len(paths), MAX_BATCH_DELETE):
-            batch = paths[i : i + MAX_BATCH_DELETE]
-            self._call(f"delete {len(batch)} objects", sync, self.fs.loop, self.fs._bulk_delete, batch)
+        self._call(f"delete {len(keys)} objects", self.fs.rm, [self._path(key) for key in keys])
 
     def check(self, list_prefix: str, probe_key: str | None) -> None:
         """Fail now, with one line, if the store cannot be used: bucket absent, no credentials, access denied.
