@@ -1,6 +1,6 @@
 """What an s3:// store sends: a small PUT carries its body at once (no `Expect: 100-continue` round trip), a
 listing is one LIST request, found or not (s3fs's `find` added a HEAD and a second LIST for an empty prefix), and
-objects deleted together one DeleteObjects request."""
+objects deleted together one DeleteObjects request; timestamps parsed as botocore parses them, only cheaper."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import io
 
 import pytest
 from botocore.awsrequest import AWSRequest
+from botocore.utils import parse_timestamp
 
 from heterorl.config import StoreConfig
-from heterorl.transport.store.objects import CONTINUE_MIN_BYTES, FsspecStore, _no_continue_for_small_puts
+from heterorl.transport.store.objects import CONTINUE_MIN_BYTES, FsspecStore, _no_continue_for_small_puts, _timestamp
 from transport.store.conftest import MOTO_ENV, make_bucket
 
 
@@ -23,6 +24,21 @@ def test_only_a_large_put_waits_for_100_continue(size, kept):
     )
     _no_continue_for_small_puts(request)
     assert ("Expect" in request.headers) is kept
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "2026-11-27T16:53:07.000Z",  # a listing's LastModified
+        "2026-11-27T16:53:07Z",
+        "2026-11-27T16:53:07.123456+02:00",
+        "Fri, 27 Nov 2026 16:53:07 GMT",  # a GET's Last-Modified header
+        "1795797493",  # epoch seconds: left to botocore's own parser
+    ],
+)
+def test_timestamps_parse_as_botocores_parser_reads_them(text):
+    assert _timestamp(text) == parse_timestamp(text)
+    assert _timestamp(text).utcoffset() == parse_timestamp(text).utcoffset()
 
 
 def test_a_small_put_is_one_request_and_a_listing_one_list(moto_endpoint, monkeypatch):
