@@ -75,10 +75,12 @@ class CountedDeletes(MemoryStore):
         super().delete_many(keys)
 
 
-def test_replies_read_close_together_are_deleted_in_one_request() -> None:
+def test_replies_read_close_together_are_deleted_with_their_uploads_in_one_request() -> None:
     objects = CountedDeletes()
     cfg = StoreConfig(first_poll_seconds=0.01, poll_seconds=0.05)
     backoff = Backoff(0.01, 0.05, random.Random(0))
+
+    uploads: list[str] = []
 
     async def scenario() -> list[Reply]:
         side = StoreSamplerSide(
@@ -89,6 +91,7 @@ def test_replies_read_close_together_are_deleted_in_one_request() -> None:
             side.exchange(Upload("s0", "b00t", seq, -1, wanted=2), replies.append)
         while len(objects.list("up/")) < 3:
             await asyncio.sleep(0.01)
+        uploads.extend(o.key for o in objects.list("up/"))
         for seq in range(3):  # the learner answers the three uploads at once
             objects.put(reply_key("s0", "b00t", seq), encode_reply(Reply(seq=seq, granted=2, version=3)))
         await side.settle(10)
@@ -97,5 +100,6 @@ def test_replies_read_close_together_are_deleted_in_one_request() -> None:
 
     replies = asyncio.run(scenario())
     assert sorted(r.seq for r in replies) == [0, 1, 2]
-    assert objects.batches == [[reply_key("s0", "b00t", seq) for seq in range(3)]]  # one request for the three
-    assert objects.list("down/") == []
+    replies_read = [reply_key("s0", "b00t", seq) for seq in range(3)]
+    assert objects.batches == [sorted(replies_read + uploads)]  # one request for the three and their uploads
+    assert objects.list("down/") == objects.list("up/") == []

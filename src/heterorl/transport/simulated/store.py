@@ -8,8 +8,9 @@ sampler reaches it over its own link:
   a newer version is there, downloads the cheapest chain (`StoreWeightSource`, the live code, over a
   `MemoryStore`) over its link: one more request, the chain's objects down (live, their GETs go out at once).
 - Uploads: a sampler's upload is a PUT up its link, visible when it arrives; the learner lists uploads at its own
-  `Cadence` (`StoreIntake`: `LearnerLoop.exchange`, the reply written, the upload deleted); the sampler looks for
-  its reply at a `Cadence`, each look a request up and an answer down (the reply, or a short "not there").
+  `Cadence` (`StoreIntake`: `LearnerLoop.exchange`, the reply written); the sampler looks for its reply at a
+  `Cadence`, each look a request up and an answer down (the reply, or a short "not there"), and deletes the reply
+  and its upload (live, in a batched request; here without charging time).
 A message lost on the link is noticed as a live client notices it: no answer within `Liveness.timeout()`, then the
 same request again after a seeded backoff. Store calls run in the event loop's thread, so what every sampler finds
 is the same on every run of a config.
@@ -81,7 +82,9 @@ class SimStore:
                 "cluster.learner_seconds_per_group is modelled for rollouts over links, not through a store: "
                 "set it to 0 with transport.rollouts: store"
             )
-        self.intake = StoreIntake(self.objects, loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload)
+        self.intake = StoreIntake(
+            self.objects, loop, cfg.live.max_body_bytes, cfg.cluster.groups_per_upload, clock=lambda: events.now
+        )
         self.lister = Cadence.of(store_cfg, answer_due=True)
         self.listing = None
         self.sides: list[SimStoreSide] = []
@@ -226,7 +229,7 @@ class SimStoreSide:
                 raw = self.store.objects.get(reply_key(self.name, self.session, upload.seq), 1 << 20)
             except ObjectMissing:
                 return None, HEAD_BYTES
-            self.store.objects.delete(reply_key(self.name, self.session, upload.seq))
+            self.store.objects.delete_many([reply_key(self.name, self.session, upload.seq), key])
             return raw, len(raw) + HEAD_BYTES
 
         def look_again() -> None:

@@ -1,23 +1,27 @@
 """Uploads in, from a store: the learner lists the samplers' uploads, answers each through `LearnerLoop.exchange`
-(the same intake, admission and verdicts as over HTTP), writes the reply where the sampler looks for it, and only
-then deletes the upload.
+(the same intake, admission and verdicts as over HTTP) and writes the reply where the sampler looks for it. The
+sampler deletes its upload with its reply once it has read it (in its batched delete: a DELETE fewer per upload;
+every request costs the store and both ends CPU); the learner remembers the uploads it answered and skips them
+while they are listed, forgets them once they are gone, and deletes one still there `LEFTOVER_S` after its reply
+(a sampler that died or never deletes). An upload a sampler writes again (after a forged reply) has a key of its
+own (`upload_key`'s `attempt`), so it is answered anew.
 
-Exactly once, a learner crash included: a group is journaled before its reply is written and its upload deleted,
-so a learner killed in between finds the upload again after `--resume`, and the intake answers its groups
-`duplicate` (the journal replay knows their ids). Keys name the digest of the upload's bytes as the sampler wrote
-them: a torn or corrupted upload is answered `corrupt` without reading its groups; one over `live.max_body_bytes`
-`too_large` (without downloading it); a key that is not an upload's, or whose sampler or session differs from what
-the upload says, `malformed` (deleted). Where an upload belongs, a file system entry that is not a regular file (a
-FIFO, socket, device, symlink or folder: `objects.Listing.skipped`) is never opened; it is counted once as
-`not_regular` and logged, and the pass goes on. A read that hangs is abandoned for that object only
-(`ObjectTimeout`). Sessions are served round robin, each in order of its uploads, so one fast sampler cannot starve
-the others while the learner's queue is nearly full. With `workers` > 1 (`transport.store.intake_workers`, live)
-up to that many sessions are served at once, each still in order. An upload costs a GET, the reply's PUT and a
-DELETE, round trips to the store; with `io_threads` (a live learner) they leave the judging's way: the next
-uploads of a session are read while one is judged, and each reply is written (then its upload deleted) while the
-next is judged. One after another they capped one session near 40 groups/s on the WAN lab's S3 server (~0.2 s an
-upload). The simulator's store takes no time for them (and judges inline). With the learner's key every reply is
-signed (`identity.sign_reply`), so nobody else can answer an upload.
+Exactly once, a learner crash included: a group is journaled before its reply is written, so a learner killed in
+between (or restarted before the sampler deleted the upload) finds the upload again after `--resume`, and the
+intake answers its groups `duplicate` (the journal replay knows their ids). Keys name the digest of the upload's
+bytes as the sampler wrote them: a torn or corrupted upload is answered `corrupt` without reading its groups; one
+over `live.max_body_bytes` `too_large` (without downloading it); a key that is not an upload's, or whose sampler
+or session differs from what the upload says, `malformed` (deleted). Where an upload belongs, a file system entry
+that is not a regular file (a FIFO, socket, device, symlink or folder: `objects.Listing.skipped`) is never opened;
+it is counted once as `not_regular` and logged, and the pass goes on. A read that hangs is abandoned for that
+object only (`ObjectTimeout`). Sessions are served round robin, each in order of its uploads, so one fast sampler
+cannot starve the others while the learner's queue is nearly full. With `workers` > 1
+(`transport.store.intake_workers`, live) up to that many sessions are served at once, each still in order. An
+upload costs the learner a GET and the reply's PUT, round trips to the store; with `io_threads` (a live learner)
+they leave the judging's way: the next uploads of a session are read while one is judged, and each reply is
+written while the next is judged. One after another they capped one session near 40 groups/s on the WAN lab's S3
+server (~0.2 s an upload). The simulator's store takes no time for them (and judges inline). With the learner's
+key every reply is signed (`identity.sign_reply`), so nobody else can answer an upload.
 
 Also here: `read_heartbeats`, the learner's view of samplers that pull weights from the store (their
 `samplers/<name>.json`), fed to the loop exactly as HTTP pulls are (reports, and their leases renewed).
@@ -30,6 +34,7 @@ import json
 import math
 import re
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -45,16 +50,22 @@ from heterorl.transport.store.manifest import REPLIES, SAMPLERS, UPLOADS
 from heterorl.transport.store.objects import ObjectInfo, ObjectMissing, ObjectNotRegular, ObjectStore, ObjectTimeout
 from heterorl.transport.wire import WireError, decode_upload, encode_reply
 
-UPLOAD_KEY = re.compile(r"^up/([A-Za-z0-9._-]{1,128})/([A-Za-z0-9_-]{1,64})/([0-9]{10})-([0-9a-f]{32})\.up$")
+UPLOAD_KEY = re.compile(
+    r"^up/([A-Za-z0-9._-]{1,128})/([A-Za-z0-9_-]{1,64})/([0-9]{10})-([0-9a-f]{32})(?:-([1-9][0-9]{0,2}))?\.up$"
+)
 MAX_HEARTBEAT_BYTES = 4096
 IO_THREADS = 16  # a live learner's reads and reply writes in flight at once (the store is far: latency, not CPU)
 PREFETCH_BYTES = 8 << 20  # uploads read ahead of the one being judged, by listed size (at least one is read)
 T = TypeVar("T")
 MAX_REMEMBERED = 100_000  # hostile entries counted once each (bounded memory)
+LEFTOVER_S = 60.0  # an answered upload still there this long after its reply was written is deleted by the learner
 
 
-def upload_key(sampler: str, session: str, seq: int, body: bytes) -> str:
-    return f"{UPLOADS}{sampler}/{session}/{seq:010d}-{xxhash.xxh3_128_hexdigest(body)}.up"
+def upload_key(sampler: str, session: str, seq: int, body: bytes, attempt: int = 0) -> str:
+    """`up/<sampler>/<session>/<seq>-<digest>.up`; an upload written again (`attempt` 1, 2, ...) ends `-<attempt>.up`
+    (the learner skips a key it has answered until it is gone: a rewrite under the same key would go unanswered)."""
+    again = f"-{attempt}" if attempt else ""
+    return f"{UPLOADS}{sampler}/{session}/{seq:010d}-{xxhash.xxh3_128_hexdigest(body)}{again}.up"
 
 
 def reply_key(sampler: str, session: str, seq: int) -> str:
@@ -74,6 +85,7 @@ class StoreIntake:
         workers: int = 1,
         signing_key: Ed25519PrivateKey | None = None,
         io_threads: int = 0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.objects, self.loop, self.max_body, self.max_groups = objects, loop, max_body_bytes, max_groups
         self.credentials = credentials  # `trust.credentials`: every upload signed by its sampler's key
@@ -81,6 +93,8 @@ class StoreIntake:
         self.counts: Counter[str] = Counter()  # what happened to upload objects (the loop counts the groups)
         self.downloaded = 0
         self.refused_entries: set[str] = set()  # keys of entries that are not regular files, counted already
+        self.answered: dict[str, float] = {}  # upload keys answered and still listed -> when their reply was written
+        self.clock = clock
         self._lock = threading.Lock()  # the counts above, from the workers
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="store-intake") if workers > 1 else None
         self._io = ThreadPoolExecutor(io_threads, thread_name_prefix="store-io") if io_threads > 0 else None
@@ -91,16 +105,29 @@ class StoreIntake:
         listing = self.objects.list(UPLOADS)
         for entry in getattr(listing, "skipped", ()):
             self._not_regular(entry.key, entry.kind)
-        uploads = [o for o in listing if o.key.endswith(".up")]
+        uploads = self._unanswered([o for o in listing if o.key.endswith(".up")])
         if self._pool is None or len(uploads) < 2:
             return self._pass(_round_robin(uploads))
         passes = [self._pool.submit(self._pass, infos) for infos in _by_session(uploads).values()]
         return sum(p.result() for p in passes)
 
+    def _unanswered(self, listed: list[ObjectInfo]) -> list[ObjectInfo]:
+        """The listed uploads not answered yet. Answered keys no longer listed are forgotten (their sampler deleted
+        them); those listed `LEFTOVER_S` after their reply are deleted here. Runs between passes (nothing answers)."""
+        keys = {info.key for info in listed}
+        now = self.clock()
+        self.answered = {key: at for key, at in self.answered.items() if key in keys}
+        leftover = [key for key, at in self.answered.items() if now - at > LEFTOVER_S]
+        if leftover:
+            self.objects.delete_many(leftover)
+            for key in leftover:
+                del self.answered[key]
+        return [info for info in listed if info.key not in self.answered]
+
     def _pass(self, infos: list[ObjectInfo]) -> int:
         """Judge the uploads in this order; with I/O threads, read the next ones (up to `PREFETCH_BYTES` listed)
-        while one is judged, and write each reply (then delete its upload) while the next is judged. Returns once
-        every reply is written: the next listing must not meet an upload that is being answered."""
+        while one is judged, and write each reply while the next is judged. Returns once every reply is written:
+        the next listing must know every upload answered (`answered`)."""
         reads: deque[tuple[ObjectInfo, UploadKey | None, Future[bytes | bool | Reply]]] = deque()
         answers: list[Future[bool]] = []
         pending = iter(infos)
@@ -220,13 +247,14 @@ class StoreIntake:
         self.objects.delete(key)
 
     def _answer(self, object_key: str, key: UploadKey, reply: Reply) -> bool:
-        """The reply first, then the upload goes: a crash in between answers it again (idempotently)."""
+        """The reply written; the upload is its sampler's to delete (a crash before answers it again, idempotently)."""
         sampler, session, seq, _ = key
         body = encode_reply(reply)
         if self.signing_key is not None:
             body = sign_reply(self.signing_key, sampler, session, seq, body)
         self.objects.put(reply_key(sampler, session, seq), body)
-        self.objects.delete(object_key)
+        with self._lock:
+            self.answered[object_key] = self.clock()
         self._count(reply.refused or "answered")
         return True
 

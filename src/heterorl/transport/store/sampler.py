@@ -8,12 +8,14 @@ the digest: a torn or corrupted object is refused as `corrupt`); its reply appea
 `busy_poll_seconds` (the reply is due), then at spacings doubling to `poll_seconds`. (Looks
 sent on time without waiting for the previous answer saw replies sooner but tripled the GETs, and on the WAN lab's
 2-core machine the store server they loaded slowed the learner's listings more than they gained.) The reply is
-handed over as soon as it is read and deleted in the background (a DELETE is a round trip to the store: over a WAN
-link awaiting it made every exchange one round trip longer), with the other replies read within `DELETE_BATCH_S`
-in one request (`ObjectStore.delete_many`: S3's DeleteObjects; every request costs the store and both ends CPU,
-which in the one-machine WAN lab all share the learner's cores). With the learner's public key a reply must be
+handed over as soon as it is read; it and its upload (which the learner leaves to the sampler: a request fewer) are
+deleted in the background (a DELETE is a round trip to the store: over a WAN link awaiting it made every exchange
+one round trip longer), with the other objects done with within `DELETE_BATCH_S` in one request
+(`ObjectStore.delete_many`: S3's DeleteObjects; every request costs the store and both ends CPU, which in the
+one-machine WAN lab all share the learner's cores). With the learner's public key a reply must be
 signed by the learner for this upload (`identity.open_reply`): one that is not is counted (`forged_reply`),
-deleted, and the upload is written again, which the learner answers anew (from its retry cache, or `duplicate`
+deleted, and the upload is written again under a key of its own (`upload_key`'s `attempt`), which the learner
+answers anew (from its retry cache, or `duplicate`
 after a restart: a group is never taken twice); at the forged reply after `MAX_FORGED_REPLIES` such rewrites the
 upload is given up as refused.
 Several uploads are in flight at once, each with its own reply to wait for. Store calls block (s3fs runs them on
@@ -52,7 +54,7 @@ from heterorl.weights.signing import Authority
 
 MAX_REPLY_BYTES = 1 << 20
 IO_THREADS = 32
-DELETE_BATCH_S = 0.25  # replies read within this long go in one delete request
+DELETE_BATCH_S = 0.25  # objects done with within this long go in one delete request
 MAX_FORGED_REPLIES = 3  # an upload written again this often after forged replies; the next forgery gives it up
 
 
@@ -87,7 +89,7 @@ class StoreSamplerSide:
         self.learner_key = None if authority is None else authority.key  # replies must be signed with it
         self.uploads: Counter[str] = Counter()
         self.requests = InFlight()
-        self._read_replies: list[str] = []  # replies read, to delete in the next batch
+        self._done_with: list[str] = []  # replies read and their uploads, to delete in the next batch
         self._deleting = False
         self.failed = self.requests.failed
 
@@ -109,7 +111,7 @@ class StoreSamplerSide:
         if self.signing_key is not None:
             body = sign_upload(self.signing_key, self.name, self.session, upload.seq, body)
         up_key = upload_key(self.name, self.session, upload.seq, body)
-        await self._retry("put upload", lambda: self.objects.put(up_key, body))
+        await self._retry("put upload", functools.partial(self.objects.put, up_key, body))
         self.uploads["uploads"] += 1
         key = reply_key(self.name, self.session, upload.seq)
         cadence = Cadence.of(self.cfg, answer_due=True)
@@ -128,11 +130,13 @@ class StoreSamplerSide:
                 detail = f"upload {upload.seq}: a reply not signed by the learner"
                 self.events.emit("store", fault="forged_reply", detail=detail)
                 await self._retry("delete reply", lambda: self.objects.delete(key))
+                self._delete_later(up_key)
                 if forged > MAX_FORGED_REPLIES:
                     return Reply(seq=upload.seq, refused="malformed", detail=f"{forged} forged replies, given up")
-                await self._retry("put upload", lambda: self.objects.put(up_key, body))
+                up_key = upload_key(self.name, self.session, upload.seq, body, attempt=forged)
+                await self._retry("put upload", functools.partial(self.objects.put, up_key, body))
                 continue
-            self._delete_later(key)
+            self._delete_later(key, up_key)
             try:
                 return decode_reply(reply, len(upload.groups))
             except WireError as err:  # a reply that is not one: count it and let the learner answer again
@@ -140,19 +144,20 @@ class StoreSamplerSide:
                 self.events.emit("store", fault="bad_reply", detail=str(err)[:300])
                 return Reply(seq=upload.seq, refused="malformed", detail=f"unreadable reply: {err}"[:200])
 
-    def _delete_later(self, key: str) -> None:
-        """A reply read: deleted with the others read within `DELETE_BATCH_S` in one request (`delete_many`)."""
-        self._read_replies.append(key)
+    def _delete_later(self, *keys: str) -> None:
+        """Objects done with (a reply read, its upload): deleted with the others within `DELETE_BATCH_S` in one
+        request (`delete_many`)."""
+        self._done_with.extend(keys)
         if not self._deleting:
             self._deleting = True
-            self.requests.run(self._delete_read_replies(), lambda _: None)
+            self.requests.run(self._delete_done_with(), lambda _: None)
 
-    async def _delete_read_replies(self) -> None:
+    async def _delete_done_with(self) -> None:
         try:
-            while self._read_replies:
+            while self._done_with:
                 await asyncio.sleep(DELETE_BATCH_S)
-                keys, self._read_replies = self._read_replies, []
-                await self._retry("delete replies", functools.partial(self.objects.delete_many, keys))
+                keys, self._done_with = self._done_with, []
+                await self._retry("delete replies and uploads", functools.partial(self.objects.delete_many, keys))
         finally:
             self._deleting = False
 
