@@ -25,7 +25,7 @@ from heterorl.loop.protocol import Upload
 from heterorl.rollout_codec import encode_group
 from heterorl.transport.backoff import Backoff
 from heterorl.transport.store.intake import LEFTOVER_S, StoreIntake, reply_key, upload_key
-from heterorl.transport.store.objects import MemoryStore, open_store
+from heterorl.transport.store.objects import MemoryStore, ObjectNotRegular, open_store
 from heterorl.transport.store.sampler import StoreSamplerSide
 from heterorl.transport.wire import decode_reply, encode_upload
 from transport.test_service import REWARD, make_live, sample_groups, varied_reward  # noqa: F401 (a fixture)
@@ -220,6 +220,27 @@ def test_answered_uploads_are_skipped_forgotten_once_gone_and_deleted_when_left_
     assert intake.answered == {}
     assert objects.list("up/") == []  # left behind: deleted
     assert live.loop.intake.counters.accepted == 2  # each answered once
+
+
+class FolderAtDelete(MemoryStore):
+    """A store where every object turns out a folder when deleted (swapped after it was listed and answered)."""
+
+    def delete(self, key: str) -> None:
+        raise ObjectNotRegular(key, "folder", "a folder where the object was")
+
+
+@pytest.mark.usefixtures("varied_reward")
+def test_a_left_behind_upload_that_became_a_folder_is_counted_not_fatal(tmp_path: Path, tiny_model_dir: Path) -> None:
+    live = make_live(tmp_path / "run", tiny_model_dir, REWARD, *ROLLOUTS, "learner.steps=2")
+    objects, now = FolderAtDelete(), [0.0]
+    intake = StoreIntake(objects, live.loop, live.cfg.live.max_body_bytes, 8, clock=lambda: now[0])
+    (group,) = sample_groups(live, tiny_model_dir, 1)
+    put_upload(objects, live, [encode_group(group)], 0)
+    assert intake.poll() == 1
+    now[0] = LEFTOVER_S + 1
+    assert intake.poll() == 0  # the pass goes on
+    assert intake.counts["not_regular"] == 1
+    assert intake.answered == {}
 
 
 class SlowReads:

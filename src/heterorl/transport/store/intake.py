@@ -117,12 +117,14 @@ class StoreIntake:
         keys = {info.key for info in listed}
         now = self.clock()
         self.answered = {key: at for key, at in self.answered.items() if key in keys}
-        leftover = [key for key, at in self.answered.items() if now - at > LEFTOVER_S]
-        if leftover:
-            self.objects.delete_many(leftover)
-            for key in leftover:
-                del self.answered[key]
-        return [info for info in listed if info.key not in self.answered]
+        answered = set(self.answered)
+        for key in [key for key, at in self.answered.items() if now - at > LEFTOVER_S]:  # rare: a request each
+            del self.answered[key]
+            try:
+                self.objects.delete(key)
+            except ObjectNotRegular as err:  # swapped for a folder since it was answered: counted, never opened
+                self._not_regular(key, err.kind)
+        return [info for info in listed if info.key not in answered]
 
     def _pass(self, infos: list[ObjectInfo]) -> int:
         """Judge the uploads in this order; with I/O threads, read the next ones (up to `PREFETCH_BYTES` listed)
