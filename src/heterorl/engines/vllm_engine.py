@@ -44,7 +44,7 @@ from heterorl.engines.base import EngineError, RolloutEngine
 from heterorl.engines.lora_merge import AdapterMerger
 from heterorl.engines.shm_staging import Entry, NonFiniteError, StagingBuffer, update_problems
 from heterorl.engines.vllm_jobs import Job, Sequence, make_job, sampled_logprobs
-from heterorl.engines.vllm_setup import engine_args, import_vllm, on_cpu
+from heterorl.engines.vllm_setup import engine_args, import_vllm, on_cpu, private_rpc_folder
 from heterorl.policy import Generation, SamplingParams
 
 _SEED_STRIDE = 1_000_003  # request numbers of different engine seeds land apart
@@ -98,6 +98,7 @@ class VLLMEngine(RolloutEngine):
         self.last_update: dict[str, Any] = {}  # the worker's report on the last update that landed
         self._staging = StagingBuffer()  # shared memory the worker maps: how weights reach it
         args = engine_args(vllm, cfg, str(model_path), dtype, seed, self.cpu)
+        private_rpc_folder()  # its sockets not left in the temp folder
         self._engine: Any = None
         self._engine = LLMEngine.from_engine_args(args)
         self._layout: dict[str, tuple[int, ...]] = {

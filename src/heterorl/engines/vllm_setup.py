@@ -9,10 +9,19 @@ The settings that make vLLM's numbers heterorl's numbers live here, each with it
 - `max_logprobs=-1`: `score` asks for full-vocabulary prompt log-probs, from which any temperature, top-k and
   top-p distribution is rebuilt exactly;
 - the worker extension (`vllm_worker.HeteroRLWorker`) receives weight updates and verifies them.
+
+And one about the host: vLLM's processes talk over Unix sockets it names under `$VLLM_RPC_BASE_PATH` (the temp
+folder by default) and never removes -- a test tier that starts ~100 engines left ~100 sockets in /tmp. Unless the
+user chose that folder, this process's engines put theirs in a folder of its own, removed when the process exits
+(`private_rpc_folder`).
 """
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from typing import Any
 
 from heterorl.config import VLLMEngineConfig
@@ -36,6 +45,19 @@ def import_vllm() -> Any:
             f"sampler.engine.name is 'vllm' but vLLM cannot be imported ({err}): {INSTALL_HINT}"
         ) from err
     return vllm
+
+
+def private_rpc_folder() -> str:
+    """The folder vLLM names its sockets in: `$VLLM_RPC_BASE_PATH` when set (by the user, or by an earlier call
+    here), else a new folder of this process's own, set there for every engine it starts (vLLM may cache the
+    variable once an engine runs, so it is one folder per process, not per engine) and removed at exit."""
+    chosen = os.environ.get("VLLM_RPC_BASE_PATH")
+    if chosen:
+        return chosen
+    folder = tempfile.mkdtemp(prefix="hrl-vllm-")  # short: a socket's path must fit in 107 bytes
+    os.environ["VLLM_RPC_BASE_PATH"] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 def on_cpu(vllm: Any) -> bool:
