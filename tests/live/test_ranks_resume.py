@@ -84,6 +84,7 @@ def test_a_two_rank_learner_resumes_after_sigkill_of_any_rank(
         "OMP_NUM_THREADS": "1",
         "GLOO_SOCKET_IFNAME": "lo",
         "PYTHONPATH": str(REPO / "src"),
+        "TMPDIR": str(tmp_path),  # the launcher keeps the killed follower's logs there, not in /tmp
     }
     listen = f"127.0.0.1:{free_port()}"
     learner_args = ["learner", str(config), "--listen", listen, "--run-dir", str(run), "--nproc", "2", "-q"]

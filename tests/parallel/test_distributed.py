@@ -61,8 +61,16 @@ def step_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONPATH": str(REPO / "src")}
+def _env(tmp_path: Path) -> dict[str, str]:
+    """The ranks' environment; TMPDIR: what torchrun's agent and the launcher leave in the temp folder (their
+    logs, kept after a failure) stays in the test's own folder."""
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": "lo",
+        "PYTHONPATH": str(REPO / "src"),
+        "TMPDIR": str(tmp_path),
+    }
 
 
 def _torchrun(nproc: int, *args: str) -> list[str]:
@@ -99,7 +107,7 @@ CASES = {
 def test_two_gloo_ranks_train_the_single_process_parameters(step_data: Path, tmp_path: Path, case: str) -> None:
     overrides = [*_base(step_data / "model"), *CASES[case]]
     argv = _torchrun(2, str(WORKER), str(step_data / "model"), str(step_data / "groups.bin"), str(tmp_path))
-    done = subprocess.run([*argv, str(PER_STEP), *overrides], env=_env(), capture_output=True, timeout=300)
+    done = subprocess.run([*argv, str(PER_STEP), *overrides], env=_env(tmp_path), capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-4000:]
 
     torch.set_num_threads(1)
@@ -142,7 +150,7 @@ def test_a_simulated_run_under_torchrun_is_the_single_process_run(tiny_model_dir
     config = tmp_path / "config.yaml"
     config.write_text(config_to_yaml(cfg))
     argv = [sys.executable, "-m", "heterorl.cli", "run", str(config), "--run-dir", str(tmp_path / "two"), "-q"]
-    done = subprocess.run([*argv, "--nproc", "2"], env=_env(), capture_output=True, timeout=300)
+    done = subprocess.run([*argv, "--nproc", "2"], env=_env(tmp_path), capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-4000:]
     torch.set_num_threads(1)
     execute(cfg, tmp_path / "one", show_progress=False)
