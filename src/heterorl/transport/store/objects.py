@@ -281,7 +281,8 @@ class FsspecStore(ObjectStore):
         """On S3 one DeleteObjects request per 1,000 keys (s3fs's `rm` of a list) instead of a DELETE each: the
         same permission (s3:DeleteObject), missing keys fine. S3 answers a key it could not delete in the
         response's `Errors` without failing the request; such an object stays, as after a DELETE lost on the way
-        (the only caller deletes replies already read: one left behind is never read again)."""
+        (the caller, a sampler, deletes replies it read and their uploads: a reply left behind is never read again,
+        an upload left behind is deleted by the learner `intake.LEFTOVER_S` after its reply)."""
         if self.local or len(keys) < 2:
             super().delete_many(keys)
             return
