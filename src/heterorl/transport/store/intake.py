@@ -185,7 +185,7 @@ class StoreIntake:
             self._not_regular(info.key, err.kind)
             return False
         except ObjectMissing:
-            return False  # gone meanwhile (another learner life answered it)
+            return False  # gone meanwhile (rewritten under a new key by its sampler, or another learner answered it)
         except ObjectTimeout:  # a hung read: that object is tried again at the next pass, the others go on
             self._count("timeout")
             return False
