@@ -360,7 +360,7 @@ def sampler(
     )
     kept = f"the sampler stopped (the learner keeps the run; undelivered groups are lost): start it again with {again}"
     with _live_errors(connect=connect or None), on_interrupt(lambda: kept):
-        run_sampler(cfg, connect or None, index)
+        run_sampler(cfg, connect or None, index, stop_on_signals=True)
 
 
 @app.command(cls=Command)

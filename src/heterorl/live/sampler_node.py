@@ -5,7 +5,9 @@ weight updates), through the configured transport (HTTP to the learner, or an ob
 Several uploads and a weight long-poll are in flight at once; generation goes on meanwhile. The session ids its
 groups `<sampler>:<n>@<boot>`: the random boot id is the session, unique across restarts of the process. It stops
 when the learner says the run is finished (410, or the store's `finished` marker), or when the learner keeps
-refusing what it sends (`SamplerStoppedError`, one line saying why).
+refusing what it sends (`SamplerStoppedError`, one line saying why). With `stop_on_signals`, SIGTERM and SIGINT end
+it in order wherever it is (starting, retrying, sampling): its threads and connections are closed, then
+`run_sampler` raises KeyboardInterrupt, as Ctrl-C would; a second signal stops it at once.
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from heterorl.config import RunConfig
@@ -34,17 +40,37 @@ class SamplerStoppedError(RuntimeError):
     credential): the message says why."""
 
 
+class SamplerInterruptedError(RuntimeError):
+    """A signal ended the session (`stop_on_signals`), after its threads and connections were closed. An ordinary
+    exception inside the loop: a KeyboardInterrupt raised by a task would leave that task's exception unretrieved."""
+
+
 async def serve_sampler(
     cfg: RunConfig,
     worker: SamplerWorker,
     url: str | None = None,
     token: str | None = None,
     events: EventLog | None = None,
+    stop_on_signals: bool = False,
 ) -> dict[str, Any]:
     """Run one sampler session until the run is finished (in the running asyncio loop); returns its figures.
-    Raises SamplerStoppedError when the learner kept refusing what it sent."""
+    Raises SamplerStoppedError when the learner kept refusing what it sent, SamplerInterruptedError after a signal
+    ended it (`stop_on_signals`)."""
     boot = secrets.token_hex(6)
     events = events if events is not None else EventLog(sampler=worker.name, boot=boot)
+    with _signals_cancel(stop_on_signals) as signalled:
+        try:
+            return await _session(cfg, worker, url, token, events, boot)
+        except asyncio.CancelledError:
+            if not signalled:
+                raise
+            events.emit("interrupted", signal=signalled[0])
+            raise SamplerInterruptedError(f"{signalled[0]} ended sampler {worker.name}") from None
+
+
+async def _session(
+    cfg: RunConfig, worker: SamplerWorker, url: str | None, token: str | None, events: EventLog, boot: str
+) -> dict[str, Any]:
     runtime = WallRuntime()
     session = SamplerSession(cfg, worker.index, worker.name, boot, worker.sampler.engine.chunks_in_flight)
     try:
@@ -80,9 +106,44 @@ async def serve_sampler(
     return result
 
 
-def run_sampler(cfg: RunConfig, connect: str | None, index: int = 0) -> dict[str, Any]:
+@contextmanager
+def _signals_cancel(enabled: bool) -> Iterator[list[str]]:
+    """While inside, SIGTERM and SIGINT cancel the current task (the session then closes in order, at whatever await
+    it is on) and are listed in the value given; the first one puts the previous handlers back, so a second signal
+    acts at once. asyncio's handlers wake the loop from any thread; a Python-level handler raising in the middle of a
+    callback could leave the session's state half-updated and its threads waiting on it."""
+    signalled: list[str] = []
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield signalled
+        return
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in sigs}
+
+    def restore() -> None:
+        for sig in sigs:
+            loop.remove_signal_handler(sig)
+            if previous[sig] is not None:
+                signal.signal(sig, previous[sig])
+
+    def received(sig: signal.Signals) -> None:
+        signalled.append(sig.name)
+        restore()
+        task.cancel()
+
+    for sig in sigs:
+        loop.add_signal_handler(sig, received, sig)
+    try:
+        yield signalled
+    finally:
+        if not signalled:
+            restore()
+
+
+def run_sampler(cfg: RunConfig, connect: str | None, index: int = 0, stop_on_signals: bool = False) -> dict[str, Any]:
     """Run sampler node `index` of `cfg` until the run is finished: against the learner at `connect` and/or the
-    configured store (`connect` may be None when nothing travels over HTTP)."""
+    configured store (`connect` may be None when nothing travels over HTTP). `stop_on_signals`: see the module."""
     check_live_config(cfg)
     check_node_index(cfg, index)
     check_transport_config(cfg)
@@ -99,6 +160,9 @@ def run_sampler(cfg: RunConfig, connect: str | None, index: int = 0) -> dict[str
     sampler = build_sampler(cfg, index, base=None)
     try:
         url = connect if why is not None else None
-        return asyncio.run(serve_sampler(cfg, SamplerWorker(cfg, index, sampler), url, token))
+        worker = SamplerWorker(cfg, index, sampler)
+        return asyncio.run(serve_sampler(cfg, worker, url, token, stop_on_signals=stop_on_signals))
+    except SamplerInterruptedError:
+        raise KeyboardInterrupt from None  # the caller's Ctrl-C handling says what was kept
     finally:
         sampler.engine.close()
