@@ -181,11 +181,17 @@ def test_a_ctrl_c_cleans_up_and_a_kill_is_cleaned_by_the_next_lab(sig: signal.Si
     assert proc.stdout is not None
     names = proc.stdout.readline().split()
     assert len(names) == 2
-    sleepers = [
-        int(p)
-        for n in names
-        for p in subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
-    ]
+
+    def in_namespaces() -> list[int]:
+        return [
+            int(p)
+            for n in names
+            for p in subprocess.run(["ip", "netns", "pids", n], capture_output=True, text=True).stdout.split()
+        ]
+
+    deadline = time.monotonic() + 10  # `ip netns exec` enters the namespace after Popen returns: a moment later
+    while not (sleepers := in_namespaces()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert sleepers
     proc.send_signal(sig)
     try:
