@@ -44,6 +44,7 @@ from heterorl.durable.state import (
     write_version_mark,
 )
 from heterorl.eventlog import EventLog
+from heterorl.live.loop_signals import loop_signals
 from heterorl.live.preflight import LiveSetupError, check_live_config, parse_listen
 from heterorl.live.transports import check_transport_config, open_learner_store
 from heterorl.loop.learner_loop import LearnerLoop, TrainingDivergedError, published_stats
@@ -425,17 +426,18 @@ async def _serve(live: LiveLearner, gate: Gate, host: str, port: int, address_fi
         tmp.replace(address_file)
         # elapsed: the loop clock's seconds at this moment, so a reader can place the clock's zero on the host clock
         live.events.emit("listening", url=url, version=live.loop.learner.version, elapsed=round(live.loop.now(), 3))
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, live.request_stop)
-        loop.add_signal_handler(signal.SIGUSR1, live.request_finish)
+        handlers = {
+            signal.SIGTERM: live.request_stop,
+            signal.SIGINT: live.request_stop,
+            signal.SIGUSR1: live.request_finish,
+        }
         if gate.credentials is not None:
-            loop.add_signal_handler(signal.SIGHUP, gate.credentials.request_reload)
-        await loop.run_in_executor(pool, live.train)
-        if live.finished:
-            await _linger(live)
+            handlers[signal.SIGHUP] = gate.credentials.request_reload
+        with loop_signals(handlers):
+            await loop.run_in_executor(pool, live.train)
+            if live.finished:
+                await _linger(live)
     finally:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGHUP):
-            loop.remove_signal_handler(sig)
         live.request_stop()
         pool.shutdown(wait=True)
         await runner.cleanup()

@@ -13,6 +13,7 @@ it in order wherever it is (starting, retrying, sampling): its threads and conne
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import signal
@@ -23,6 +24,7 @@ from typing import Any
 
 from heterorl.config import RunConfig
 from heterorl.eventlog import EventLog
+from heterorl.live.loop_signals import loop_signals
 from heterorl.live.preflight import LiveSetupError, check_live_config, check_node_index, check_url
 from heterorl.live.runtime import WallRuntime
 from heterorl.live.transports import check_transport_config, open_sampler_side, sampler_needs_http
@@ -110,35 +112,22 @@ async def _session(
 def _signals_cancel(enabled: bool) -> Iterator[list[str]]:
     """While inside, SIGTERM and SIGINT cancel the current task (the session then closes in order, at whatever await
     it is on) and are listed in the value given; the first one puts the previous handlers back, so a second signal
-    acts at once. asyncio's handlers wake the loop from any thread; a Python-level handler raising in the middle of a
-    callback could leave the session's state half-updated and its threads waiting on it."""
+    acts at once. On the loop (`loop_signals`): a Python-level handler raising in the middle of a callback could
+    leave the session's state half-updated and its threads waiting on it."""
     signalled: list[str] = []
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield signalled
         return
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    task = asyncio.current_task()
     assert task is not None
-    sigs = (signal.SIGTERM, signal.SIGINT)
-    previous = {sig: signal.getsignal(sig) for sig in sigs}
-
-    def restore() -> None:
-        for sig in sigs:
-            loop.remove_signal_handler(sig)
-            if previous[sig] is not None:
-                signal.signal(sig, previous[sig])
 
     def received(sig: signal.Signals) -> None:
         signalled.append(sig.name)
         restore()
         task.cancel()
 
-    for sig in sigs:
-        loop.add_signal_handler(sig, received, sig)
-    try:
+    with loop_signals({sig: functools.partial(received, sig) for sig in (signal.SIGTERM, signal.SIGINT)}) as restore:
         yield signalled
-    finally:
-        if not signalled:
-            restore()
 
 
 def run_sampler(cfg: RunConfig, connect: str | None, index: int = 0, stop_on_signals: bool = False) -> dict[str, Any]:
