@@ -152,8 +152,7 @@ class LiveLearner:
                 self.try_checkpoint()
         if loop.done:
             self.finished = True
-            with loop.intake.cond:  # from now on POSTs get 410: the final state holds every acknowledged group
-                loop.intake.finished = True
+            loop.close_intake()  # (closed at the last commit already) POSTs get 410: the final state holds them all
             self.notify()  # long-polls answer 410 now
             self.persist(self.checkpoint)  # the final state: every accepted group is consumed or queued
             self.summary = self.persist(loop.finish)

@@ -368,6 +368,8 @@ class LearnerLoop:
         self.busy_seconds += busy_seconds
         previous = self.publisher.result()  # the version before this step's, complete
         assert previous is not None, "start() publishes the first version"
+        if self.learner.version >= self.cfg.learner.steps or self.finish_requested:
+            self.close_intake()  # before the last version is out: no group made with it could ever be trained
         self.publish()
         self.trust.on_step(self.learner.version)
         skipped = result.stats.get("opt/skipped_updates", 0.0) > 0
@@ -389,12 +391,19 @@ class LearnerLoop:
             )
         return record
 
-    def finish(self) -> dict[str, Any]:
-        """Close the intake, evaluate the last step if it was not, save the final checkpoint, write summary.json;
-        returns the summary."""
+    def close_intake(self) -> None:
+        """From now on every group is answered `finished` (and every reply says so, which ends the sessions). The
+        loop closes it as it commits the last step, before that step's version is published: a group arriving
+        between the publish and the end of the run would be acknowledged and never trained, on the wall clock
+        only (a live run once accepted one group more than its simulated twin)."""
         with self.intake.cond:
             self.intake.finished = True
             self.intake.cond.notify_all()
+
+    def finish(self) -> dict[str, Any]:
+        """Close the intake, evaluate the last step if it was not, save the final checkpoint, write summary.json;
+        returns the summary."""
+        self.close_intake()
         self.publisher.close()
         if self.recorder.last_eval_step != self.learner.version:  # a run finished early
             self.recorder.evaluate(self.learner.version, self.now())
