@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from heterorl.weights import ctxpatch, hashing, plain, staged
+from heterorl.weights import ctxpatch, hashing, plain, planes, staged
 from heterorl.weights.diffscan import int_view, scan, scan_device
 from heterorl.weights.format import (
     CTX_FORMAT_VERSION,
@@ -196,36 +196,80 @@ def encode_versions(
     names = sorted(base)
     base_hash, new_hash = hashes
     hash_base, hash_new = base_hash is None, new_hash is None
+    dense_ok = tuple(formats) == (FORMAT_VERSION,)  # a v2 patch codes every change by its class: it needs them all
 
-    def scan_one(name: str) -> tuple[np.ndarray, np.ndarray, bytes, bytes]:
-        if _on_device(base[name]):
-            return scan_device(base[name], new[name], hash_base, hash_new)
-        return scan(base[name], new[name], hash_base, hash_new)
+    def scan_one(name: str) -> _Diff:
+        b, n = base[name], new[name]
+        if _on_device(b):
+            return _Diff(*scan_device(b, n, hash_base, hash_new))
+        if dense_ok:
+            base_U, new_U = bits_view(b.detach()), bits_view(n.detach())
+            if planes.is_dense(base_U, new_U):
+                planes_U, count, db, dn = planes.scan(base_U, new_U, hash_base, hash_new)
+                return _Diff(None, None, db, dn, planes_U, count)
+        return _Diff(*scan(b, n, hash_base, hash_new))
 
-    scans = parallel_map(scan_one, names, workers)
+    diffs = parallel_map(scan_one, names, workers)
     if hash_base:
-        base_hash = _combine(names, base, [s[2] for s in scans])
+        base_hash = _combine(names, base, [d.base_digest for d in diffs])
     if hash_new:
-        new_hash = _combine(names, new, [s[3] for s in scans])
+        new_hash = _combine(names, new, [d.new_digest for d in diffs])
     assert base_hash is not None
     assert new_hash is not None
     layouts = [(n, base[n].dtype, tuple(base[n].shape)) for n in names]
-    changes = [(s[0], s[1]) for s in scans]
     numels = [base[n].numel() for n in names]
-    estimate = estimate_nbytes(changes, numels)
-    changed = sum(int(c[0].size) for c in changes)
+    sparse = [i for i, d in enumerate(diffs) if d.planes is None]
+    estimate = estimate_nbytes([diffs[i].changes for i in sparse], [numels[i] for i in sparse]) + sum(
+        planes.estimate_nbytes(d.planes, base[n].element_size()) + PATCH_OVERHEAD
+        for n, d in zip(names, diffs, strict=True)
+        if d.planes is not None
+    )
+    changed = sum(d.count for d in diffs)
     if max_nbytes is not None and estimate > max_nbytes:
         return Encoded(None, None, base_hash, new_hash, changed, estimate, True)
     v1 = v2 = None
     if CTX_FORMAT_VERSION in formats:
         base_bits = [_base_bits(base[n]) for n in names]
+        changes = [d.changes for d in diffs]
         v2 = _assemble_v2(layouts, base_bits, changes, (base_hash, new_hash), versions, level, workers)
     if FORMAT_VERSION in formats:
-        results = parallel_map(
-            lambda i: plain.encode_tensor(*changes[i], numels[i], level), list(range(len(names))), workers
+
+        def code_one(i: int) -> tuple[dict[str, Any], bytes]:
+            d = diffs[i]
+            if d.planes is not None:
+                return planes.encode(d.planes, d.count, level)
+            return plain.encode_tensor(*d.changes, numels[i], level)
+
+        v1 = _assemble(
+            layouts,
+            parallel_map(code_one, list(range(len(names))), workers),
+            (base_hash, new_hash),
+            versions,
+            FORMAT_VERSION,
         )
-        v1 = _assemble(layouts, results, (base_hash, new_hash), versions, FORMAT_VERSION)
     return Encoded(v1, v2, base_hash, new_hash, changed, estimate, False)
+
+
+@dataclass
+class _Diff:
+    """One tensor's diff: its changes (sparse), or the byte planes of its codes and their count (dense)."""
+
+    pos: np.ndarray | None
+    delta: np.ndarray | None
+    base_digest: bytes
+    new_digest: bytes
+    planes: np.ndarray | None = None
+    dense_count: int = 0
+
+    @property
+    def changes(self) -> tuple[np.ndarray, np.ndarray]:
+        assert self.pos is not None, "a dense tensor's changes are in its planes"
+        assert self.delta is not None
+        return self.pos, self.delta
+
+    @property
+    def count(self) -> int:
+        return self.dense_count if self.pos is None else int(self.pos.size)
 
 
 PATCH_OVERHEAD = 64  # bytes per tensor in a patch (header entry, zstd frame), measured ~50

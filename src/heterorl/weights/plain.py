@@ -5,6 +5,10 @@ as the exact integer difference new_bits - base_bits modulo 2^width, zigzagged a
 never has difference 0). An Adam step moves a changed bf16 weight by one ULP, i.e. +-1 in its bits, so values
 cost ~1 bit instead of 16. Both streams go through `intcode` and one zstd frame: [gap parts][value parts].
 This is the layout of format version 1, and of every tensor of a v2 patch that has a single class.
+
+A v1 tensor most of whose elements changed is coded dense instead (`"layout": "planes"`, planes.py): no
+positions, every element's code in byte planes; `encode_tensor` makes that choice by the same rule as the learner's
+diff, so a merged patch is coded as if its versions had been one step.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from heterorl.weights import native
+from heterorl.weights import native, planes
 from heterorl.weights.format import UINT, PatchError, TensorMeta, get_int
 from heterorl.weights.intcode import (
     StreamSpec,
@@ -32,12 +36,12 @@ from heterorl.weights.intcode import (
 
 @dataclass(frozen=True)
 class PlainTensor:
-    """A tensor's v1 entry: layout, change count, the two stream specs."""
+    """A tensor's v1 entry: layout, change count, the two stream specs (None for a dense tensor)."""
 
     meta: TensorMeta
     count: int
-    gaps: StreamSpec
-    values: StreamSpec
+    gaps: StreamSpec | None
+    values: StreamSpec | None
 
     def decode(self, payload: memoryview, base_U: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(positions int64 sorted, wrapped differences); the base is not needed."""
@@ -47,8 +51,11 @@ class PlainTensor:
 def encode_tensor(
     pos_K: np.ndarray, delta_K: np.ndarray, numel: int, level: int, ks: tuple[int, int] | None = None
 ) -> tuple[dict[str, Any], bytes]:
-    """Gap + value streams of one tensor -> (header fields, zstd frame). `ks`: the streams' split points, if the
-    caller chose them already; else they are chosen as `choose_k` chooses them."""
+    """Gap + value streams of one tensor -> (header fields, zstd frame), or its byte planes when it is dense
+    (`planes.is_dense_changes`). `ks`: the streams' split points, if the caller chose them already; else they are
+    chosen as `choose_k` chooses them."""
+    if ks is None and planes.is_dense_changes(pos_K, numel):
+        return planes.encode(planes.planes_of_changes(pos_K, delta_K, numel), int(pos_K.size), level)
     if native.enabled():  # k chosen in C unless given (the same choice)
         k_gaps, k_values = (None, None) if ks is None else ks
         gap_spec, gap_parts = encode_stream(pos_K, native.GAPS, k_gaps, np.dtype(uint_for(numel)).itemsize * 8)
@@ -78,8 +85,17 @@ def gaps(pos_K: np.ndarray, dtype: type[np.unsignedinteger]) -> np.ndarray:
 
 
 def parse_tensor(meta: TensorMeta, entry: dict[str, Any]) -> PlainTensor:
-    """Validate a tensor's v1 fields: count, stream specs, raw size."""
+    """Validate a tensor's v1 fields: count, stream specs (or the dense layout), raw size."""
     count = get_int(entry, "count", 0, meta.numel)
+    layout = entry.get("layout", "streams")
+    if layout == "planes":
+        if meta.raw_nbytes != meta.numel * meta.itemsize:
+            raise PatchError(
+                f"tensor {meta.name!r}: raw_nbytes {meta.raw_nbytes} but its planes need {meta.numel * meta.itemsize}"
+            )
+        return PlainTensor(meta, count, None, None)
+    if layout != "streams":
+        raise PatchError(f"tensor {meta.name!r}: unknown layout {str(layout)[:32]!r}")
     gaps = StreamSpec.from_json(entry.get("gaps"), count, 64 if meta.numel >= 2**32 else 32)
     values = StreamSpec.from_json(entry.get("values"), count, meta.itemsize * 8)
     raw = sum(gaps.part_sizes(count)) + sum(values.part_sizes(count))
@@ -106,6 +122,8 @@ def decode_tensor(tp: PlainTensor, payload: memoryview) -> tuple[np.ndarray, np.
     meta, count = tp.meta, tp.count
     value_dtype = UINT[meta.itemsize]
     frame = payload[meta.offset : meta.offset + meta.nbytes]
+    if tp.gaps is None or tp.values is None:  # dense
+        return planes.decode(frame, meta.numel, meta.itemsize, count, f"tensor {meta.name!r}")
     if count == 0:
         decompress_exact(frame, 0, f"tensor {meta.name!r}")
         return np.zeros(0, np.int64), np.zeros(0, value_dtype)

@@ -69,6 +69,19 @@ def scan(base_U: np.ndarray, new_U: np.ndarray, hash_base: bool, hash_new: bool)
     return _array(pos, np.int64), _array(dif, base_U.dtype), db or _EMPTY, dn or _EMPTY
 
 
+# --- dense tensors (planes.py)
+def planes(base_U: np.ndarray, new_U: np.ndarray, hash_base: bool, hash_new: bool) -> tuple:
+    """planes.planes_numpy: (byte planes of zigzag(new - base), changed elements, base digest, new digest)."""
+    out, changed, db, dn = _pulse.planes(base_U, new_U, base_U.itemsize, hash_base, hash_new)
+    return _array(out, np.uint8), changed, db or _EMPTY, dn or _EMPTY
+
+
+def planes_decode(raw: np.ndarray, itemsize: int, count: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(positions int64, wrapped differences) held by byte planes; PatchError unless `count` codes are not zero."""
+    pos, dif = _checked(what, _pulse.planes_decode, raw, itemsize, count)
+    return _array(pos, np.int64), _array(dif, np.dtype(f"u{itemsize}"))
+
+
 # --- integer streams
 GAPS, VALUES, CODES = 1, 0, 2  # encode_uints kinds: gaps of int64 positions, the values themselves, value codes
 
