@@ -167,3 +167,19 @@ def test_a_dense_tensor_whose_header_lies_is_refused_and_nothing_is_written(chan
     with native.use(kernels), pytest.raises(PatchError, match=reason):
         apply_patch(weights, forged)
     assert bits_equal(weights, base)
+
+
+@settings(max_examples=60, deadline=None)
+@given(dense_pairs())
+def test_the_accelerator_path_gives_the_same_bytes(pair):
+    """torch ops as on a GPU (codes, planes and the sample compared where the weights live), run here on CPU
+    tensors: the same choice and the same bytes as the host's kernel, at every width and at the extremes of
+    two's complement."""
+    from heterorl.weights import patch as patch_module
+
+    base, new = as_weights(pair[0]), as_weights(pair[1])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(planes, "DENSE_MIN_NUMEL", 1)
+        host = encode_patch(base, new)
+        mp.setattr(patch_module, "DEVICE_PATH_ON_CPU", True)
+        assert encode_patch(base, new) == host

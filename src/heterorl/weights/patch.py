@@ -201,6 +201,9 @@ def encode_versions(
     def scan_one(name: str) -> _Diff:
         b, n = base[name], new[name]
         if _on_device(b):
+            if dense_ok and planes.is_dense_device(b, n):
+                planes_U, count, db, dn = planes.scan_device(b, n, hash_base, hash_new)
+                return _Diff(None, None, db, dn, planes_U, count)
             return _Diff(*scan_device(b, n, hash_base, hash_new))
         if dense_ok:
             base_U, new_U = bits_view(b.detach()), bits_view(n.detach())

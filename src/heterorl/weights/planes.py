@@ -17,10 +17,12 @@ make the same choice and write the same bytes.
 from __future__ import annotations
 
 import numpy as np
+import torch
 import xxhash
 
 from heterorl.weights import native
-from heterorl.weights.format import UINT, PatchError
+from heterorl.weights.diffscan import int_view
+from heterorl.weights.format import UINT, PatchError, bits_view
 from heterorl.weights.intcode import compress_parts, decompress_exact
 
 DENSE_SHARE = 0.6  # sampled changed share from which a tensor is coded as byte planes
@@ -104,6 +106,35 @@ def scan(
     if native.enabled():
         return native.planes(base_U, new_U, hash_base, hash_new)
     return planes_numpy(base_U, new_U, hash_base, hash_new)
+
+
+_SIGNED = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def is_dense_device(base_t: torch.Tensor, new_t: torch.Tensor) -> bool:
+    """`is_dense` for tensors on an accelerator (the sample is compared there)."""
+    numel = base_t.numel()
+    if numel < DENSE_MIN_NUMEL:
+        return False
+    step = _stride(numel)
+    return _dense(int((int_view(base_t)[::step] != int_view(new_t)[::step]).sum().item()), numel)
+
+
+def scan_device(
+    base_t: torch.Tensor, new_t: torch.Tensor, hash_base: bool, hash_new: bool
+) -> tuple[np.ndarray, int, bytes, bytes]:
+    """`scan` for tensors on an accelerator: codes and planes computed there (two's complement wraps like the
+    unsigned difference), only the planes cross to the host; hashed from host copies, as `diffscan.scan_device`."""
+    signed = _SIGNED[base_t.element_size()]
+    base_S, new_S = int_view(base_t).view(signed), int_view(new_t).view(signed)
+    d = new_S - base_S
+    codes = (d << 1) ^ (d >> (8 * base_t.element_size() - 1))
+    changed = int(torch.count_nonzero(codes).item())
+    planes_T = codes.view(torch.uint8).reshape(codes.numel(), -1).t().contiguous().reshape(-1)
+    digests = []
+    for t, wanted in ((base_t, hash_base), (new_t, hash_new)):
+        digests.append(xxhash.xxh3_128(bits_view(t.detach().cpu())).digest() if wanted else _EMPTY)
+    return planes_T.cpu().numpy(), changed, digests[0], digests[1]
 
 
 def planes_of_changes(pos_K: np.ndarray, delta_K: np.ndarray, numel: int) -> np.ndarray:
