@@ -1,6 +1,6 @@
-"""A dense step coded as byte planes against the same step coded as streams (docs/weight-sync.md, "Dense tensors").
+"""A dense step in PULSE's dense layout against the same step in the sparse one (docs/weight-sync.md, "Dense tensors").
 
-    .venv/bin/python benchmarks/dense_patch.py                 # 157M bf16 elements, 100% and 80% of them moved
+    .venv/bin/python benchmarks/dense_patch.py                 # 157M bf16 elements, 100% / 80% / 60% of them moved
     .venv/bin/python benchmarks/dense_patch.py --rates 0.5 --scale 0.25
 
 The model: a 32,000 x 768 embedding and 14 layers of 4 768 x 768 and 3 3072 x 768 matrices (--scale multiplies
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch
 
-from heterorl.weights import apply_patch, planes
+from heterorl.weights import apply_patch, dense
 from heterorl.weights.hashing import state_hash
 from heterorl.weights.patch import encode_versions
 
@@ -49,26 +49,26 @@ def cpu(fn):  # type: ignore[no-untyped-def]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rates", nargs="+", type=float, default=[1.0, 0.8])
+    parser.add_argument("--rates", nargs="+", type=float, default=[1.0, 0.8, 0.6])
     parser.add_argument("--scale", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     print("changed  layout   encode CPU-s   MB      apply CPU-s")
-    share = planes.DENSE_SHARE
+    share = dense.DENSE_SHARE
     for rate in args.rates:
         base, new = model(rate, args.scale)
         numel = sum(t.numel() for t in base.values())
         known = state_hash(base)
-        rows: dict[str, list[tuple[float, float, int, float]]] = {"planes": [], "streams": []}
+        rows: dict[str, list[tuple[float, float, int, float]]] = {"dense": [], "sparse": []}
         for _ in range(args.repeats):
             for layout in rows:
-                planes.DENSE_SHARE = share if layout == "planes" else 2.0  # a share above 1: never dense
+                dense.DENSE_SHARE = share if layout == "dense" else 2.0  # a share above 1: never dense
                 try:
                     seconds, out = cpu(partial(encode_versions, base, new, formats=(1,), hashes=(known, None)))
                 finally:
-                    planes.DENSE_SHARE = share
+                    dense.DENSE_SHARE = share
                 weights = {k: v.clone() for k, v in base.items()}
                 applied, _ = cpu(partial(apply_patch, weights, out.v1))
                 rows[layout].append((seconds, out.changed / numel, len(out.v1), applied))
@@ -79,8 +79,8 @@ def main() -> None:
                 f"{app[0]:5.2f}-{app[-1]:.2f}"
             )
         best = {layout: min(t[0] for t in trials) for layout, trials in rows.items()}
-        size = rows["planes"][0][2] / rows["streams"][0][2]
-        print(f"         planes / streams: encode CPU x{best['planes'] / best['streams']:.2f}, bytes x{size:.3f}")
+        size = rows["dense"][0][2] / rows["sparse"][0][2]
+        print(f"         dense / sparse: encode CPU x{best['dense'] / best['sparse']:.2f}, bytes x{size:.3f}")
     print(f"load average at end {os.getloadavg()[0]:.2f}")
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from heterorl.weights import ctxpatch, hashing, plain, planes, staged
+from heterorl.weights import ctxpatch, dense, hashing, plain, staged
 from heterorl.weights.diffscan import int_view, scan, scan_device
 from heterorl.weights.format import (
     CTX_FORMAT_VERSION,
@@ -201,15 +201,15 @@ def encode_versions(
     def scan_one(name: str) -> _Diff:
         b, n = base[name], new[name]
         if _on_device(b):
-            if dense_ok and planes.is_dense_device(b, n):
-                planes_U, count, db, dn = planes.scan_device(b, n, hash_base, hash_new)
-                return _Diff(None, None, db, dn, planes_U, count)
+            if dense_ok and dense.is_dense_device(b, n):
+                codes, count, db, dn = dense.scan_device(b, n, hash_base, hash_new)
+                return _Diff(None, None, db, dn, codes, count)
             return _Diff(*scan_device(b, n, hash_base, hash_new))
         if dense_ok:
             base_U, new_U = bits_view(b.detach()), bits_view(n.detach())
-            if planes.is_dense(base_U, new_U):
-                planes_U, count, db, dn = planes.scan(base_U, new_U, hash_base, hash_new)
-                return _Diff(None, None, db, dn, planes_U, count)
+            if dense.is_dense(base_U, new_U):
+                codes, count, db, dn = dense.scan(base_U, new_U, hash_base, hash_new)
+                return _Diff(None, None, db, dn, codes, count)
         return _Diff(*scan(b, n, hash_base, hash_new))
 
     diffs = parallel_map(scan_one, names, workers)
@@ -221,11 +221,9 @@ def encode_versions(
     assert new_hash is not None
     layouts = [(n, base[n].dtype, tuple(base[n].shape)) for n in names]
     numels = [base[n].numel() for n in names]
-    sparse = [i for i, d in enumerate(diffs) if d.planes is None]
+    sparse = [i for i, d in enumerate(diffs) if d.codes is None]
     estimate = estimate_nbytes([diffs[i].changes for i in sparse], [numels[i] for i in sparse]) + sum(
-        planes.estimate_nbytes(d.planes, base[n].element_size()) + PATCH_OVERHEAD
-        for n, d in zip(names, diffs, strict=True)
-        if d.planes is not None
+        dense.estimate_nbytes(d.codes) + PATCH_OVERHEAD for d in diffs if d.codes is not None
     )
     changed = sum(d.count for d in diffs)
     if max_nbytes is not None and estimate > max_nbytes:
@@ -239,8 +237,8 @@ def encode_versions(
 
         def code_one(i: int) -> tuple[dict[str, Any], bytes]:
             d = diffs[i]
-            if d.planes is not None:
-                return planes.encode(d.planes, d.count, level)
+            if d.codes is not None:
+                return dense.encode(d.codes, d.count, level)
             return plain.encode_tensor(*d.changes, numels[i], level)
 
         v1 = _assemble(
@@ -255,18 +253,18 @@ def encode_versions(
 
 @dataclass
 class _Diff:
-    """One tensor's diff: its changes (sparse), or the byte planes of its codes and their count (dense)."""
+    """One tensor's diff: its changes (sparse), or every element's code and the count of changes (dense)."""
 
     pos: np.ndarray | None
     delta: np.ndarray | None
     base_digest: bytes
     new_digest: bytes
-    planes: np.ndarray | None = None
+    codes: np.ndarray | None = None
     dense_count: int = 0
 
     @property
     def changes(self) -> tuple[np.ndarray, np.ndarray]:
-        assert self.pos is not None, "a dense tensor's changes are in its planes"
+        assert self.pos is not None, "a dense tensor's changes are in its codes"
         assert self.delta is not None
         return self.pos, self.delta
 

@@ -6,9 +6,9 @@ never has difference 0). An Adam step moves a changed bf16 weight by one ULP, i.
 cost ~1 bit instead of 16. Both streams go through `intcode` and one zstd frame: [gap parts][value parts].
 This is the layout of format version 1, and of every tensor of a v2 patch that has a single class.
 
-A v1 tensor most of whose elements changed is coded dense instead (`"layout": "planes"`, planes.py): no
-positions, every element's code in byte planes; `encode_tensor` makes that choice by the same rule as the learner's
-diff, so a merged patch is coded as if its versions had been one step.
+A v1 tensor most of whose elements changed is coded dense instead (`"layout": "dense"`, dense.py): no gap
+stream, one value stream of every element's code (0 = unchanged); `encode_tensor` makes that choice by the same
+rule as the learner's diff, so a merged patch is coded as if its versions had been one step.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from heterorl.weights import native, planes
+from heterorl.weights import dense, native
 from heterorl.weights.format import UINT, PatchError, TensorMeta, get_int
 from heterorl.weights.intcode import (
     StreamSpec,
@@ -36,12 +36,13 @@ from heterorl.weights.intcode import (
 
 @dataclass(frozen=True)
 class PlainTensor:
-    """A tensor's v1 entry: layout, change count, the two stream specs (None for a dense tensor)."""
+    """A tensor's v1 entry: layout, change count, the two stream specs (no gap stream for a dense tensor: its
+    value stream holds a code for every element)."""
 
     meta: TensorMeta
     count: int
     gaps: StreamSpec | None
-    values: StreamSpec | None
+    values: StreamSpec
 
     def decode(self, payload: memoryview, base_U: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(positions int64 sorted, wrapped differences); the base is not needed."""
@@ -52,10 +53,10 @@ def encode_tensor(
     pos_K: np.ndarray, delta_K: np.ndarray, numel: int, level: int, ks: tuple[int, int] | None = None
 ) -> tuple[dict[str, Any], bytes]:
     """Gap + value streams of one tensor -> (header fields, zstd frame), or its byte planes when it is dense
-    (`planes.is_dense_changes`). `ks`: the streams' split points, if the caller chose them already; else they are
+    (`dense.is_dense_changes`). `ks`: the streams' split points, if the caller chose them already; else they are
     chosen as `choose_k` chooses them."""
-    if ks is None and planes.is_dense_changes(pos_K, numel):
-        return planes.encode(planes.planes_of_changes(pos_K, delta_K, numel), int(pos_K.size), level)
+    if ks is None and dense.is_dense_changes(pos_K, numel):
+        return dense.encode(dense.codes_of_changes(pos_K, delta_K, numel), int(pos_K.size), level)
     if native.enabled():  # k chosen in C unless given (the same choice)
         k_gaps, k_values = (None, None) if ks is None else ks
         gap_spec, gap_parts = encode_stream(pos_K, native.GAPS, k_gaps, np.dtype(uint_for(numel)).itemsize * 8)
@@ -87,14 +88,14 @@ def gaps(pos_K: np.ndarray, dtype: type[np.unsignedinteger]) -> np.ndarray:
 def parse_tensor(meta: TensorMeta, entry: dict[str, Any]) -> PlainTensor:
     """Validate a tensor's v1 fields: count, stream specs (or the dense layout), raw size."""
     count = get_int(entry, "count", 0, meta.numel)
-    layout = entry.get("layout", "streams")
-    if layout == "planes":
-        if meta.raw_nbytes != meta.numel * meta.itemsize:
-            raise PatchError(
-                f"tensor {meta.name!r}: raw_nbytes {meta.raw_nbytes} but its planes need {meta.numel * meta.itemsize}"
-            )
-        return PlainTensor(meta, count, None, None)
-    if layout != "streams":
+    layout = entry.get("layout", "sparse")
+    if layout == "dense":
+        values = StreamSpec.from_json(entry.get("values"), meta.numel, meta.itemsize * 8)
+        raw = sum(values.part_sizes(meta.numel))
+        if raw != meta.raw_nbytes:
+            raise PatchError(f"tensor {meta.name!r}: raw_nbytes {meta.raw_nbytes} but its code stream needs {raw}")
+        return PlainTensor(meta, count, None, values)
+    if layout != "sparse":
         raise PatchError(f"tensor {meta.name!r}: unknown layout {str(layout)[:32]!r}")
     gaps = StreamSpec.from_json(entry.get("gaps"), count, 64 if meta.numel >= 2**32 else 32)
     values = StreamSpec.from_json(entry.get("values"), count, meta.itemsize * 8)
@@ -122,8 +123,9 @@ def decode_tensor(tp: PlainTensor, payload: memoryview) -> tuple[np.ndarray, np.
     meta, count = tp.meta, tp.count
     value_dtype = UINT[meta.itemsize]
     frame = payload[meta.offset : meta.offset + meta.nbytes]
-    if tp.gaps is None or tp.values is None:  # dense
-        return planes.decode(frame, meta.numel, meta.itemsize, count, f"tensor {meta.name!r}")
+    if tp.gaps is None:  # dense: a code for every element
+        raw_U = decompress_exact(frame, meta.raw_nbytes, f"tensor {meta.name!r}")
+        return dense.decode(raw_U, meta.numel, tp.values, value_dtype, count, f"tensor {meta.name!r}")
     if count == 0:
         decompress_exact(frame, 0, f"tensor {meta.name!r}")
         return np.zeros(0, np.int64), np.zeros(0, value_dtype)

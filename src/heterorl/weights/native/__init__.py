@@ -69,17 +69,11 @@ def scan(base_U: np.ndarray, new_U: np.ndarray, hash_base: bool, hash_new: bool)
     return _array(pos, np.int64), _array(dif, base_U.dtype), db or _EMPTY, dn or _EMPTY
 
 
-# --- dense tensors (planes.py)
-def planes(base_U: np.ndarray, new_U: np.ndarray, hash_base: bool, hash_new: bool) -> tuple:
-    """planes.planes_numpy: (byte planes of zigzag(new - base), changed elements, base digest, new digest)."""
-    out, changed, db, dn = _pulse.planes(base_U, new_U, base_U.itemsize, hash_base, hash_new)
-    return _array(out, np.uint8), changed, db or _EMPTY, dn or _EMPTY
-
-
-def planes_decode(raw: np.ndarray, itemsize: int, count: int, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """(positions int64, wrapped differences) held by byte planes; PatchError unless `count` codes are not zero."""
-    pos, dif = _checked(what, _pulse.planes_decode, raw, itemsize, count)
-    return _array(pos, np.int64), _array(dif, np.dtype(f"u{itemsize}"))
+# --- dense tensors (dense.py)
+def dense_codes(base_U: np.ndarray, new_U: np.ndarray, hash_base: bool, hash_new: bool) -> tuple:
+    """dense.codes_numpy: (zigzag(new - base) of every element, changed elements, base digest, new digest)."""
+    out, changed, db, dn = _pulse.dense_codes(base_U, new_U, base_U.itemsize, hash_base, hash_new)
+    return _array(out, base_U.dtype), changed, db or _EMPTY, dn or _EMPTY
 
 
 # --- integer streams
@@ -106,6 +100,15 @@ def decode_diffs(raw: np.ndarray, offset: int, count: int, spec, dtype: type, wh
     itemsize = np.dtype(dtype).itemsize
     out = _checked(what, _pulse.decode_diffs, raw, offset, count, spec.k, spec.escapes, spec.escape_width, itemsize)
     return _array(out, dtype)
+
+
+def dense_decode(raw: np.ndarray, numel: int, spec, itemsize: int, changed: int, what: str) -> tuple:  # type: ignore[no-untyped-def]
+    """(positions int64, wrapped differences) from a dense tensor's code stream at raw[0:]; PatchError unless
+    exactly `changed` codes are not zero."""
+    pos, dif = _checked(
+        what, _pulse.dense_decode, raw, 0, numel, spec.k, spec.escapes, spec.escape_width, itemsize, changed
+    )
+    return _array(pos, np.int64), _array(dif, np.dtype(f"u{itemsize}"))
 
 
 def empty(count: int, dtype: np.dtype | type) -> np.ndarray:

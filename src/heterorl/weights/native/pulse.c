@@ -386,27 +386,27 @@ done:
     return out;
 }
 
-/* ------------------------------------------------------------------------------------------------ byte planes */
-/* A dense tensor's changes as byte planes (plain.py): each element's code zigzag(new - base) (0 = unchanged,
- * 1, 2 = -1, +1, ...), byte j of every code in plane j (little-endian order), planes one after another. */
-#define PLANES_ENCODE(T)                                                                                           \
+/* ------------------------------------------------------------------------------------------------ dense codes */
+/* A dense tensor's changes (dense.py): every element's code zigzag(new - base) (0 = unchanged, 1, 2 = -1, +1, ...),
+ * in the elements' width, computed while the chunk is hashed. */
+#define DENSE_CODES(T)                                                                                             \
     do {                                                                                                           \
         const T *b = (const T *)(b0 + start), *n = (const T *)(n0 + start);                                        \
-        size_t m = len / sizeof(T), first = start / sizeof(T);                                                     \
+        T *c = (T *)(out + start);                                                                                 \
+        size_t m = len / sizeof(T);                                                                                \
         for (size_t i = 0; i < m; i++) {                                                                           \
             T d = (T)(n[i] - b[i]);                                                                                \
-            T c = (T)((T)(d << 1) ^ (T)(0 - (T)(d >> (8 * sizeof(T) - 1))));                                       \
-            changed += c != 0;                                                                                     \
-            for (size_t j = 0; j < sizeof(T); j++) out[j * numel + first + i] = (uint8_t)(c >> (8 * j));         \
+            c[i] = (T)((T)(d << 1) ^ (T)(0 - (T)(d >> (8 * sizeof(T) - 1))));                                      \
+            changed += c[i] != 0;                                                                                  \
         }                                                                                                          \
     } while (0)
 
-PyDoc_STRVAR(planes_doc,
-             "planes(base, new, itemsize, hash_base, hash_new) -> (planes Buf, changed, base digest, new digest)\n\n"
-             "The byte planes of zigzag(new - base), the count of elements that differ, and the xxh3-128 digests "
+PyDoc_STRVAR(dense_codes_doc,
+             "dense_codes(base, new, itemsize, hash_base, hash_new) -> (codes Buf, changed, base digest, new digest)"
+             "\n\nzigzag(new - base) of every element, the count of elements that differ, and the xxh3-128 digests "
              "of both (b'' when not asked for); one chunked pass over memory.");
 
-static PyObject *py_planes(PyObject *self, PyObject *args) {
+static PyObject *py_dense_codes(PyObject *self, PyObject *args) {
     Py_buffer bb, nb;
     int itemsize, hash_base, hash_new;
     if (!PyArg_ParseTuple(args, "y*y*ipp", &bb, &nb, &itemsize, &hash_base, &hash_new)) return NULL;
@@ -426,19 +426,19 @@ static PyObject *py_planes(PyObject *self, PyObject *args) {
     void *data;
     out_buf = buf_new((size_t)bb.len, &data);
     if (out_buf == NULL) goto done;
-    uint8_t *out = data;
+    char *out = data;
     const char *b0 = bb.buf, *n0 = nb.buf;
-    size_t nbytes = (size_t)bb.len, numel = nbytes / (size_t)itemsize, changed = 0;
+    size_t nbytes = (size_t)bb.len, changed = 0;
     Py_BEGIN_ALLOW_THREADS;
     for (size_t start = 0; start < nbytes; start += SCAN_CHUNK) {
         size_t len = nbytes - start < SCAN_CHUNK ? nbytes - start : SCAN_CHUNK; /* a multiple of itemsize */
         if (hash_base) HASH_UPDATE(sb, b0 + start, len);
         if (hash_new) HASH_UPDATE(sn, n0 + start, len);
         switch (itemsize) {
-        case 1: PLANES_ENCODE(uint8_t); break;
-        case 2: PLANES_ENCODE(uint16_t); break;
-        case 4: PLANES_ENCODE(uint32_t); break;
-        default: PLANES_ENCODE(uint64_t); break;
+        case 1: DENSE_CODES(uint8_t); break;
+        case 2: DENSE_CODES(uint16_t); break;
+        case 4: DENSE_CODES(uint32_t); break;
+        default: DENSE_CODES(uint64_t); break;
         }
     }
     Py_END_ALLOW_THREADS;
@@ -455,72 +455,6 @@ done:
     XXH3_freeState(sn);
     PyBuffer_Release(&bb);
     PyBuffer_Release(&nb);
-    return result;
-}
-
-/* Branch-free within blocks of PLANES_BLOCK elements (a zero code writes its slot and does not advance k; a branch
- * per element mispredicted at every density between the extremes): the outputs have PLANES_BLOCK spare slots, and
- * a block starts only while at most `count` changes were found, so a lying header stops within one block. */
-#define PLANES_BLOCK 256
-#define PLANES_DECODE(T)                                                                                           \
-    do {                                                                                                           \
-        T *d = (T *)dif;                                                                                           \
-        for (size_t start = 0; start < numel && k <= count; start += PLANES_BLOCK) {                               \
-            size_t end = numel - start < PLANES_BLOCK ? numel : start + PLANES_BLOCK;                              \
-            for (size_t i = start; i < end; i++) {                                                                 \
-                T c = 0;                                                                                           \
-                for (size_t j = 0; j < sizeof(T); j++) c |= (T)((T)raw[j * numel + i] << (8 * j));                 \
-                pos[k] = (int64_t)i;                                                                               \
-                d[k] = (T)((T)(c >> 1) ^ (T)(0 - (T)(c & 1)));                                                     \
-                k += c != 0;                                                                                       \
-            }                                                                                                      \
-        }                                                                                                          \
-    } while (0)
-
-PyDoc_STRVAR(planes_decode_doc,
-             "planes_decode(planes, itemsize, count) -> (positions int64 Buf, differences Buf)\n\n"
-             "The changes held by byte planes of zigzag codes: positions in order and the wrapped differences; "
-             "CodecError unless exactly `count` codes are not zero.");
-
-static PyObject *py_planes_decode(PyObject *self, PyObject *args) {
-    Py_buffer rb;
-    int itemsize;
-    Py_ssize_t count_in;
-    if (!PyArg_ParseTuple(args, "y*in", &rb, &itemsize, &count_in)) return NULL;
-    PyObject *pos_buf = NULL, *dif_buf = NULL, *result = NULL;
-    if (check_itemsize(itemsize)) goto done;
-    if (rb.len % itemsize || count_in < 0 || count_in > rb.len / itemsize) {
-        PyErr_SetString(CodecError, "planes: size not a multiple of the item size, or count out of range");
-        goto done;
-    }
-    size_t numel = (size_t)rb.len / (size_t)itemsize, count = (size_t)count_in, k = 0;
-    void *pdata, *ddata;
-    pos_buf = buf_new((count + PLANES_BLOCK) * 8, &pdata);
-    dif_buf = buf_new((count + PLANES_BLOCK) * (size_t)itemsize, &ddata);
-    if (pos_buf == NULL || dif_buf == NULL) goto done;
-    ((BufObject *)pos_buf)->size = (Py_ssize_t)(count * 8); /* the spare slots are not part of the result */
-    ((BufObject *)dif_buf)->size = (Py_ssize_t)(count * (size_t)itemsize);
-    int64_t *pos = pdata;
-    void *dif = ddata;
-    const uint8_t *raw = rb.buf;
-    Py_BEGIN_ALLOW_THREADS;
-    switch (itemsize) {
-    case 1: PLANES_DECODE(uint8_t); break;
-    case 2: PLANES_DECODE(uint16_t); break;
-    case 4: PLANES_DECODE(uint32_t); break;
-    default: PLANES_DECODE(uint64_t); break;
-    }
-    Py_END_ALLOW_THREADS;
-    if (k != count) {
-        PyErr_Format(CodecError, "planes hold %s changed elements, the header says %zu", k > count ? "more" : "fewer",
-                     count);
-        goto done;
-    }
-    result = PyTuple_Pack(2, pos_buf, dif_buf);
-done:
-    Py_XDECREF(pos_buf);
-    Py_XDECREF(dif_buf);
-    PyBuffer_Release(&rb);
     return result;
 }
 
@@ -706,6 +640,7 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     switch (kind * 16 + itemsize) {
     case 16 + 8: COUNT_LOOP(1, 8) break;
     case 32 + 2: COUNT_LOOP(2, 2) break;
+    case 2: COUNT_LOOP(0, 2) break;
     default:
         for (size_t i = 0; i < count; i++) {
             uint64_t x = stream_value(sb.buf, i, itemsize, kind);
@@ -729,6 +664,48 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     memset(pk, 0, packed);
     size_t e = 0;
     uint64_t rmask = (1ull << r) - 1;
+    /* A value stream split below its first byte (dense.py's codes of every element: mostly 0-4): one packed byte of
+     * PER symbols at a time, no lo planes, the escapes in a second pass when there are any -- straight-line code
+     * the compiler vectorizes, where the general loop below ORs each symbol into its byte (~3 ns per value). */
+#define PACK_SMALL(T, PER)                                                                                         \
+    do {                                                                                                           \
+        const T *v = (const T *)sb.buf;                                                                            \
+        const T cap = (T)((unsigned)ESCAPE << r), low = (T)rmask; /* the symbols fit a byte: in T's width */       \
+        const int shift = r + 2;                                                                                   \
+        size_t full = count / (PER);                                                                               \
+        for (size_t g = 0; g < full; g++) {                                                                        \
+            unsigned byte = 0;                                                                                     \
+            for (int q = 0; q < (PER); q++) {                                                                      \
+                T x = v[g * (PER) + q], sym = (T)((x & low) | cap);                                                \
+                byte |= (unsigned)(uint8_t)(x < sym ? x : sym) << (shift * q);                                     \
+            }                                                                                                      \
+            pk[g] = (uint8_t)byte;                                                                                 \
+        }                                                                                                          \
+        for (size_t i = full * (PER); i < count; i++) {                                                            \
+            uint64_t x = v[i], sym = (x & rmask) | cap;                                                            \
+            pk[i / (PER)] |= (uint8_t)((x < sym ? x : sym) << ((r + 2) * (i % (PER))));                            \
+        }                                                                                                          \
+        for (size_t i = 0; escapes && i < count; i++) {                                                            \
+            uint64_t x = v[i];                                                                                     \
+            if (x < limit) continue;                                                                               \
+            uint64_t h = (x >> k) - ESCAPE;                                                                        \
+            for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));                            \
+            e++;                                                                                                   \
+        }                                                                                                          \
+    } while (0)
+#define PACK_SMALL_WIDTH(PER)                                                                                      \
+    switch (itemsize) {                                                                                            \
+    case 1: PACK_SMALL(uint8_t, PER); break;                                                                       \
+    case 2: PACK_SMALL(uint16_t, PER); break;                                                                      \
+    case 4: PACK_SMALL(uint32_t, PER); break;                                                                      \
+    default: PACK_SMALL(uint64_t, PER); break;                                                                     \
+    }
+    int small = kind == 0 && n_lo == 0;
+    if (small && per == 1) PACK_SMALL_WIDTH(1)
+    else if (small && per == 2) PACK_SMALL_WIDTH(2)
+    else if (small && per == 4) PACK_SMALL_WIDTH(4)
+#undef PACK_SMALL_WIDTH
+#undef PACK_SMALL
     /* one loop per (kind, width), so that the value's computation is straight-line code */
 #define ENCODE_LOOP(KIND, ISZ)                                                                                     \
     for (size_t i = 0; i < count; i++) {                                                                           \
@@ -744,7 +721,7 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
             e++;                                                                                                   \
         }                                                                                                          \
     }
-    switch (kind * 16 + itemsize) {
+    else switch (kind * 16 + itemsize) {
     case 16 + 8: ENCODE_LOOP(1, 8) break;
     case 16 + 4: ENCODE_LOOP(1, 4) break;
     case 16 + 2: ENCODE_LOOP(1, 2) break;
@@ -957,6 +934,64 @@ static PyObject *py_decode_diffs(PyObject *self, PyObject *args) {
     }
     out = ob;
 done:
+    PyBuffer_Release(&b);
+    return out;
+}
+
+PyDoc_STRVAR(dense_decode_doc,
+             "dense_decode(raw, offset, numel, k, escapes, escape_width, itemsize, changed) -> (positions int64 Buf, "
+             "differences Buf)\n\nThe changes held by a dense tensor's code stream (zigzag(d) of every element): "
+             "positions in order and wrapped differences; an error unless exactly `changed` codes are not zero.");
+
+static PyObject *py_dense_decode(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t offset, count, escapes, changed_in;
+    int k, ew, itemsize;
+    if (!PyArg_ParseTuple(args, "y*nniniin", &b, &offset, &count, &k, &escapes, &ew, &itemsize, &changed_in))
+        return NULL;
+    PyObject *pos_buf = NULL, *dif_buf = NULL, *out = NULL;
+    Stream st, *s = &st;
+    if (check_itemsize(itemsize) || parse_stream(&b, offset, count, k, escapes, ew, 8 * itemsize, s)) goto done;
+    if (changed_in < 0 || changed_in > count) {
+        PyErr_SetString(CodecError, "more changed elements than elements");
+        goto done;
+    }
+    size_t changed = (size_t)changed_in, n = 0;
+    void *pdata, *ddata;
+    pos_buf = buf_new((changed + 1) * 8, &pdata); /* one spare slot: every element writes, a change advances */
+    dif_buf = buf_new((changed + 1) * (size_t)itemsize, &ddata);
+    if (pos_buf == NULL || dif_buf == NULL) goto done;
+    ((BufObject *)pos_buf)->size = (Py_ssize_t)(changed * 8);
+    ((BufObject *)dif_buf)->size = (Py_ssize_t)(changed * (size_t)itemsize);
+    int64_t *pos = pdata;
+    char *dif = ddata;
+    const char *err = NULL;
+    int bits = 8 * itemsize;
+    uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+    Py_BEGIN_ALLOW_THREADS;
+    err = stream_check(s);
+    if (err == NULL) {
+        /* branch-free (a data-dependent branch mispredicts at every density between the extremes) */
+        STREAM_DECODE({
+            pos[n] = (int64_t)i;
+            store_item(dif, n, itemsize, ((x >> 1) ^ (0 - (x & 1))) & mask);
+            n += x != 0;
+            if (n > changed) {
+                err = "the codes hold more changed elements than the header says";
+                break;
+            }
+        });
+        if (err == NULL && n != changed) err = "the codes hold fewer changed elements than the header says";
+    }
+    Py_END_ALLOW_THREADS;
+    if (err) {
+        PyErr_SetString(CodecError, err);
+        goto done;
+    }
+    out = PyTuple_Pack(2, pos_buf, dif_buf);
+done:
+    Py_XDECREF(pos_buf);
+    Py_XDECREF(dif_buf);
     PyBuffer_Release(&b);
     return out;
 }
@@ -1603,11 +1638,11 @@ static PyObject *py_set_pool_limit(PyObject *self, PyObject *args) {
 /* ------------------------------------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"scan", py_scan, METH_VARARGS, scan_doc},
-    {"planes", py_planes, METH_VARARGS, planes_doc},
-    {"planes_decode", py_planes_decode, METH_VARARGS, planes_decode_doc},
+    {"dense_codes", py_dense_codes, METH_VARARGS, dense_codes_doc},
     {"encode_uints", py_encode_uints, METH_VARARGS, encode_uints_doc},
     {"decode_positions", py_decode_positions, METH_VARARGS, decode_positions_doc},
     {"decode_diffs", py_decode_diffs, METH_VARARGS, decode_diffs_doc},
+    {"dense_decode", py_dense_decode, METH_VARARGS, dense_decode_doc},
     {"stage_digests", py_stage_digests, METH_VARARGS, stage_digests_doc},
     {"scatter", py_scatter, METH_VARARGS, scatter_doc},
     {"class_split", py_class_split, METH_VARARGS, class_split_doc},

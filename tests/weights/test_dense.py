@@ -1,5 +1,5 @@
-"""PULSE's dense tensor layout (weights/planes.py): byte planes of every element's code, chosen for a tensor most
-of whose elements changed. Bit-exact round trips on arbitrary bits, the compiled kernels equal to the numpy
+"""PULSE's dense tensor layout (weights/dense.py): one code stream of every element, chosen for a tensor most of
+whose elements changed. Bit-exact round trips on arbitrary bits, the compiled kernels equal to the numpy
 reference byte for byte, one choice whether the encoder holds the tensors or their changes (a merge writes what
 one step would), and hostile headers refused with the weights untouched."""
 
@@ -13,9 +13,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from heterorl.weights import PatchError, apply_patch, encode_patch, merge_patches, native, planes
+from heterorl.weights import PatchError, apply_patch, dense, encode_patch, merge_patches, native
 from heterorl.weights.diffscan import scan_numpy
 from heterorl.weights.format import UINT, pack, unpack
+from heterorl.weights.intcode import StreamSpec, decompress_exact
 from heterorl.weights.patch import encode_versions, patch_info
 
 from ._helpers import bits_equal, clone
@@ -41,7 +42,7 @@ def dense_pairs(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
 
 
 def layouts(patch: bytes) -> list[str]:
-    return [t.get("layout", "streams") for t in unpack(patch).header["tensors"]]
+    return [t.get("layout", "sparse") for t in unpack(patch).header["tensors"]]
 
 
 def as_weights(bits: np.ndarray) -> dict[str, torch.Tensor]:
@@ -52,17 +53,25 @@ def as_weights(bits: np.ndarray) -> dict[str, torch.Tensor]:
 @given(dense_pairs(), st.booleans(), st.booleans())
 def test_the_kernel_equals_the_reference_and_decodes_to_the_sparse_scans_changes(pair, hash_base, hash_new):
     base, new = pair
-    ref = planes.planes_numpy(base, new, hash_base, hash_new)
-    got = native.planes(base, new, hash_base, hash_new)
-    assert got[0].tobytes() == ref[0].tobytes()
+    ref = dense.codes_numpy(base, new, hash_base, hash_new)
+    got = native.dense_codes(base, new, hash_base, hash_new)
+    np.testing.assert_array_equal(got[0], ref[0])
+    assert got[0].dtype == ref[0].dtype
     assert got[1:] == ref[1:]
     pos, delta, db, dn = scan_numpy(base, new, hash_base, hash_new)
     assert ref[1] == pos.size
     assert (ref[2], ref[3]) == (db, dn)
-    frame = memoryview(planes.encode(ref[0], ref[1], 1)[1])
+    coded = []
     for flag in (False, True):
         with native.use(flag):
-            got_pos, got_delta = planes.decode(frame, base.size, base.itemsize, ref[1], "w")
+            coded.append(dense.encode(ref[0], ref[1], 1))
+    assert coded[0] == coded[1]
+    fields, frame = coded[0]
+    spec = StreamSpec.from_json(fields["values"], base.size, base.itemsize * 8)
+    raw = decompress_exact(memoryview(frame), fields["raw_nbytes"], "w")
+    for flag in (False, True):
+        with native.use(flag):
+            got_pos, got_delta = dense.decode(raw, base.size, spec, UINT[base.itemsize], ref[1], "w")
         np.testing.assert_array_equal(got_pos, pos)
         np.testing.assert_array_equal(got_delta, delta)
         assert got_delta.dtype == delta.dtype
@@ -72,7 +81,7 @@ def test_the_kernel_equals_the_reference_and_decodes_to_the_sparse_scans_changes
 @given(dense_pairs())
 def test_dense_patches_round_trip_bit_for_bit_with_the_same_bytes_either_way(pair):
     with pytest.MonkeyPatch.context() as mp:  # tensors this small stay sparse by default: let them go dense here
-        mp.setattr(planes, "DENSE_MIN_NUMEL", 1)
+        mp.setattr(dense, "DENSE_MIN_NUMEL", 1)
         round_trip(*pair)
 
 
@@ -83,8 +92,8 @@ def round_trip(base_bits: np.ndarray, new_bits: np.ndarray) -> None:
         with native.use(flag):
             patches.append(encode_patch(base, new))
     assert patches[0] == patches[1]
-    dense = planes.is_dense(base_bits, new_bits)
-    assert layouts(patches[0]) == ["planes" if dense else "streams"]
+    chosen = dense.is_dense(base_bits, new_bits)
+    assert layouts(patches[0]) == ["dense" if chosen else "sparse"]
     for flag in (False, True):
         weights = clone(base)
         with native.use(flag):
@@ -100,7 +109,7 @@ def test_the_choice_is_the_same_from_the_tensors_and_from_their_changes(numel, r
     new = base.copy()
     moved = rng.random(numel) < rate
     new[moved] += 1
-    assert planes.is_dense(base, new) == planes.is_dense_changes(np.flatnonzero(moved), numel)
+    assert dense.is_dense(base, new) == dense.is_dense_changes(np.flatnonzero(moved), numel)
 
 
 def steps(rate: float, n: int = 3, seed: int = 0) -> list[dict[str, torch.Tensor]]:
@@ -119,7 +128,7 @@ def test_a_merge_of_dense_steps_is_the_patch_of_one_step_over_them():
     versions = steps(0.9)
     chain = [encode_patch(a, b) for a, b in itertools.pairwise(versions)]
     assert all(patch_info(p).changed > 0.6 * patch_info(p).numel for p in chain)
-    assert all(layouts(p) == ["planes", "planes"] for p in chain)
+    assert all(layouts(p) == ["dense", "dense"] for p in chain)
     merged = merge_patches(chain)
     assert merged == encode_patch(versions[0], versions[-1])
     weights = clone(versions[0])
@@ -127,19 +136,19 @@ def test_a_merge_of_dense_steps_is_the_patch_of_one_step_over_them():
     assert bits_equal(weights, versions[-1])
 
 
-def test_at_a_dense_step_the_planes_cost_about_the_bytes_of_the_streams(monkeypatch):
-    """What the rule trades: a ~80% step coded both ways (planes switched off by a share above 1)."""
+def test_at_a_dense_step_the_dense_layout_costs_no_more_bytes_than_the_sparse_one(monkeypatch):
+    """What the rule trades: a ~70% step coded both ways (the dense layout switched off by a share above 1)."""
     base, new = steps(0.85, n=1)
-    dense = encode_versions(base, new, formats=(1,))
-    monkeypatch.setattr(planes, "DENSE_SHARE", 2.0)
+    coded = encode_versions(base, new, formats=(1,))
+    monkeypatch.setattr(dense, "DENSE_SHARE", 2.0)
     sparse = encode_versions(base, new, formats=(1,))
-    assert dense.v1 is not None
+    assert coded.v1 is not None
     assert sparse.v1 is not None
-    assert layouts(dense.v1) == ["planes", "planes"]
-    assert layouts(sparse.v1) == ["streams", "streams"]
-    assert len(dense.v1) <= 1.03 * len(sparse.v1)
-    assert dense.changed == sparse.changed
-    assert abs(dense.estimated_nbytes - len(dense.v1)) <= 0.1 * len(dense.v1)  # what the snapshot choice reads
+    assert coded.changed == sparse.changed > 0.6 * sum(t.numel() for t in base.values())
+    assert layouts(coded.v1) == ["dense", "dense"]
+    assert layouts(sparse.v1) == ["sparse", "sparse"]
+    assert len(coded.v1) <= len(sparse.v1)
+    assert abs(coded.estimated_nbytes - len(coded.v1)) <= 0.1 * len(coded.v1)  # what the snapshot choice reads
 
 
 def _forge(patch: bytes, change) -> bytes:  # type: ignore[no-untyped-def]
@@ -152,9 +161,9 @@ def _forge(patch: bytes, change) -> bytes:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        (lambda t: t.update(count=t["count"] - 1), "changed elements, the header says"),
-        (lambda t: t.update(count=t["count"] + 1), "changed elements, the header says"),
-        (lambda t: t.update(raw_nbytes=t["raw_nbytes"] - 2), "planes need"),
+        (lambda t: t.update(count=t["count"] - 1), "changed elements than the header says"),
+        (lambda t: t.update(count=t["count"] + 1), "changed elements than the header says"),
+        (lambda t: t.update(raw_nbytes=t["raw_nbytes"] - 2), "code stream needs"),
         (lambda t: t.update(layout="columns"), "unknown layout"),
     ],
     ids=["count low", "count high", "raw size", "layout"],
@@ -172,14 +181,14 @@ def test_a_dense_tensor_whose_header_lies_is_refused_and_nothing_is_written(chan
 @settings(max_examples=60, deadline=None)
 @given(dense_pairs())
 def test_the_accelerator_path_gives_the_same_bytes(pair):
-    """torch ops as on a GPU (codes, planes and the sample compared where the weights live), run here on CPU
+    """torch ops as on a GPU (the codes and the sample computed where the weights live), run here on CPU
     tensors: the same choice and the same bytes as the host's kernel, at every width and at the extremes of
     two's complement."""
     from heterorl.weights import patch as patch_module
 
     base, new = as_weights(pair[0]), as_weights(pair[1])
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(planes, "DENSE_MIN_NUMEL", 1)
+        mp.setattr(dense, "DENSE_MIN_NUMEL", 1)
         host = encode_patch(base, new)
         mp.setattr(patch_module, "DEVICE_PATH_ON_CPU", True)
         assert encode_patch(base, new) == host
