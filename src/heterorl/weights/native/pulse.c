@@ -594,6 +594,44 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
     return best_k;
 }
 
+/* The escape planes of a value stream (kind 0): h = (x >> k) - ESCAPE of every x >= limit, in order, as `ew` byte
+ * planes of `escapes` bytes. For 16-bit values a mask of 32 elements at a time (SSE2: a biased signed compare,
+ * movemask's bit pairs), then one iteration per escape: a branch per element mispredicted on every escape (a few
+ * percent of a dense tensor's codes), the pass cost more than packing the symbols. Returns the escapes written. */
+static size_t write_escapes(const void *src, int itemsize, size_t count, uint64_t limit, int k, uint8_t *es,
+                            size_t escapes, int ew) {
+    size_t e = 0, i = 0;
+#ifdef __SSE2__
+    if (itemsize == 2 && limit <= 0xFFFF) {
+        const uint16_t *v = src;
+        const __m128i bias = _mm_set1_epi16((short)0x8000), below = _mm_set1_epi16((short)((limit - 1) ^ 0x8000));
+        for (; i + 32 <= count; i += 32) {
+            uint64_t mask = 0;
+            for (int j = 0; j < 4; j++) {
+                __m128i x = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(v + i + 8 * j)), bias);
+                mask |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmpgt_epi16(x, below)) << (16 * j);
+            }
+            while (mask) {
+                int l = __builtin_ctzll(mask) >> 1;
+                mask &= mask - 1;
+                mask &= mask - 1;
+                uint64_t h = ((uint64_t)v[i + l] >> k) - ESCAPE;
+                for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));
+                e++;
+            }
+        }
+    }
+#endif
+    for (; i < count; i++) {
+        uint64_t x = load_item(src, i, itemsize);
+        if (x < limit) continue;
+        uint64_t h = (x >> k) - ESCAPE;
+        for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));
+        e++;
+    }
+    return e;
+}
+
 PyDoc_STRVAR(encode_uints_doc,
              "encode_uints(src, itemsize, kind, k, bits=64) -> (parts Buf, escapes, escape_width, k, close)\n\n"
              "intcode.encode_uints's "
@@ -640,7 +678,19 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     switch (kind * 16 + itemsize) {
     case 16 + 8: COUNT_LOOP(1, 8) break;
     case 32 + 2: COUNT_LOOP(2, 2) break;
-    case 2: COUNT_LOOP(0, 2) break;
+    case 2: { /* 16-bit values (dense.py's codes): int arithmetic, which SSE2 vectorizes (k <= 14: no overflow) */
+        const uint16_t *v = (const uint16_t *)sb.buf;
+        int lim = (int)limit, t = 0;
+        size_t n_esc = 0;
+        for (size_t i = 0; i < count; i++) {
+            int x = v[i], over = x >= lim, h = over ? (x >> k) - ESCAPE : 0;
+            n_esc += (size_t)over;
+            t = h > t ? h : t;
+        }
+        escapes = n_esc;
+        top = (uint64_t)t;
+        break;
+    }
     default:
         for (size_t i = 0; i < count; i++) {
             uint64_t x = stream_value(sb.buf, i, itemsize, kind);
@@ -667,16 +717,16 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     /* A value stream split below its first byte (dense.py's codes of every element: mostly 0-4): one packed byte of
      * PER symbols at a time, no lo planes, the escapes in a second pass when there are any -- straight-line code
      * the compiler vectorizes, where the general loop below ORs each symbol into its byte (~3 ns per value). */
-#define PACK_SMALL(T, PER)                                                                                         \
+#define PACK_SMALL(T, A, PER) /* A: the arithmetic's type (int for narrow values: SSE2 compares ints) */         \
     do {                                                                                                           \
         const T *v = (const T *)sb.buf;                                                                            \
-        const T cap = (T)((unsigned)ESCAPE << r), low = (T)rmask; /* the symbols fit a byte: in T's width */       \
+        const A cap = (A)((unsigned)ESCAPE << r), low = (A)rmask; /* the symbols fit a byte */                     \
         const int shift = r + 2;                                                                                   \
         size_t full = count / (PER);                                                                               \
         for (size_t g = 0; g < full; g++) {                                                                        \
             unsigned byte = 0;                                                                                     \
             for (int q = 0; q < (PER); q++) {                                                                      \
-                T x = v[g * (PER) + q], sym = (T)((x & low) | cap);                                                \
+                A x = v[g * (PER) + q], sym = (A)((x & low) | cap);                                                \
                 byte |= (unsigned)(uint8_t)(x < sym ? x : sym) << (shift * q);                                     \
             }                                                                                                      \
             pk[g] = (uint8_t)byte;                                                                                 \
@@ -685,20 +735,14 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
             uint64_t x = v[i], sym = (x & rmask) | cap;                                                            \
             pk[i / (PER)] |= (uint8_t)((x < sym ? x : sym) << ((r + 2) * (i % (PER))));                            \
         }                                                                                                          \
-        for (size_t i = 0; escapes && i < count; i++) {                                                            \
-            uint64_t x = v[i];                                                                                     \
-            if (x < limit) continue;                                                                               \
-            uint64_t h = (x >> k) - ESCAPE;                                                                        \
-            for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));                            \
-            e++;                                                                                                   \
-        }                                                                                                          \
+        if (escapes) e = write_escapes(sb.buf, sizeof(T), count, limit, k, es, escapes, ew);                       \
     } while (0)
 #define PACK_SMALL_WIDTH(PER)                                                                                      \
     switch (itemsize) {                                                                                            \
-    case 1: PACK_SMALL(uint8_t, PER); break;                                                                       \
-    case 2: PACK_SMALL(uint16_t, PER); break;                                                                      \
-    case 4: PACK_SMALL(uint32_t, PER); break;                                                                      \
-    default: PACK_SMALL(uint64_t, PER); break;                                                                     \
+    case 1: PACK_SMALL(uint8_t, int, PER); break;                                                                  \
+    case 2: PACK_SMALL(uint16_t, int, PER); break;                                                                 \
+    case 4: PACK_SMALL(uint32_t, uint32_t, PER); break;                                                            \
+    default: PACK_SMALL(uint64_t, uint64_t, PER); break;                                                           \
     }
     int small = kind == 0 && n_lo == 0;
     if (small && per == 1) PACK_SMALL_WIDTH(1)
