@@ -239,7 +239,7 @@ def encode_versions(
             d = diffs[i]
             if d.codes is not None:
                 return dense.encode(d.codes, d.count, level)
-            return plain.encode_tensor(*d.changes, numels[i], level)
+            return plain.encode_tensor(*d.changes, numels[i], level, is_dense=False if dense_ok else None)
 
         v1 = _assemble(
             layouts,

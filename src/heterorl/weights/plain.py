@@ -50,12 +50,19 @@ class PlainTensor:
 
 
 def encode_tensor(
-    pos_K: np.ndarray, delta_K: np.ndarray, numel: int, level: int, ks: tuple[int, int] | None = None
+    pos_K: np.ndarray,
+    delta_K: np.ndarray,
+    numel: int,
+    level: int,
+    ks: tuple[int, int] | None = None,
+    is_dense: bool | None = None,
 ) -> tuple[dict[str, Any], bytes]:
-    """Gap + value streams of one tensor -> (header fields, zstd frame), or its byte planes when it is dense
-    (`dense.is_dense_changes`). `ks`: the streams' split points, if the caller chose them already; else they are
-    chosen as `choose_k` chooses them."""
-    if ks is None and dense.is_dense_changes(pos_K, numel):
+    """Gap + value streams of one tensor -> (header fields, zstd frame), or its code stream when it is dense
+    (`is_dense` when the caller's diff decided it, else `dense.is_dense_changes`). `ks`: the streams' split
+    points, if the caller chose them already; else they are chosen as `choose_k` chooses them."""
+    if is_dense is None:
+        is_dense = ks is None and dense.is_dense_changes(pos_K, numel)
+    if is_dense:
         return dense.encode(dense.codes_of_changes(pos_K, delta_K, numel), int(pos_K.size), level)
     if native.enabled():  # k chosen in C unless given (the same choice)
         k_gaps, k_values = (None, None) if ks is None else ks
