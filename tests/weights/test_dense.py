@@ -165,8 +165,10 @@ def _forge(patch: bytes, change) -> bytes:  # type: ignore[no-untyped-def]
         (lambda t: t.update(count=t["count"] + 1), "changed elements than the header says"),
         (lambda t: t.update(raw_nbytes=t["raw_nbytes"] - 2), "code stream needs"),
         (lambda t: t.update(layout="columns"), "unknown layout"),
+        (lambda t: t.pop("values"), "stream spec must be an object"),
+        (lambda t: t["values"].update(escapes=t["values"]["escapes"] + 1), "code stream needs|escape"),
     ],
-    ids=["count low", "count high", "raw size", "layout"],
+    ids=["count low", "count high", "raw size", "layout", "no stream", "escapes"],
 )
 @pytest.mark.parametrize("kernels", [True, False], ids=["kernels", "reference"])
 def test_a_dense_tensor_whose_header_lies_is_refused_and_nothing_is_written(change, reason, kernels):
