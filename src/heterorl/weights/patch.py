@@ -3,7 +3,9 @@
 A patch lists, per tensor, the flat positions whose raw bits changed and the exact wrapped bit difference
 new_bits - base_bits. Two tensor layouts share one container (format.py):
 
-* format version 1 (`plain.py`): one gap stream and one value stream per tensor;
+* format version 1 (`plain.py`): one gap stream and one value stream per tensor, or, for a tensor most of whose
+  elements changed, one stream of every element's code with no positions (`dense.py`; the learner's diff decides
+  per tensor from a sample and then computes the codes and the hashes in one pass);
 * format version 2 (`ctxpatch.py`, `context=True`): the same information coded per magnitude class of the base
   weights, which the receiver holds (verified by hash before anything is written), so each class gets its own
   statistics: 25-40% fewer bytes on real AdamW steps (docs/weight-sync.md).
