@@ -99,9 +99,12 @@ async def _session(
             for future in done:
                 future.result()  # re-raise a thread's or the transport's error (unreachable, credential refused)
             await side.settle(SETTLE_AFTER_FINISH_S)  # answers already on their way still count
+            # the threads first: an update still being applied (the last version can arrive as the run ends) is
+            # counted in the figures as in the events
+            await asyncio.get_running_loop().run_in_executor(None, runtime.close)
             result = {"boot": boot, **node.summary(), "transport": dict(side.counts)}
     finally:
-        await asyncio.get_running_loop().run_in_executor(None, runtime.close)
+        await asyncio.get_running_loop().run_in_executor(None, runtime.close)  # (again: a no-op after the above)
     events.emit("finished", **result)
     if session.stopped:
         raise SamplerStoppedError(f"sampler {worker.name} stopped: {session.stopped}")

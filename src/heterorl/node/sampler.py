@@ -85,6 +85,8 @@ class SamplerNode:
         self.transport.pull(self.worker.held, wait, self._pulled)  # held() is read when the request goes out
 
     def _pulled(self, result: Any) -> None:
+        if self._closed:  # the session is over (a pull that was on its way): nothing more to apply or to count
+            return
         if result == FINISHED:
             self.session.finish()
             self.session.pulled()
