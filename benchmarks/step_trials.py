@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shutil
 import tempfile
 import time
 from collections import defaultdict
@@ -215,8 +216,9 @@ def trl_trial(cfg: RunConfig, warmup: int) -> dict[str, Any]:
         return training_step(self, *args, **kwargs)
 
     GRPOTrainer.training_step = timed_training_step  # type: ignore[method-assign]
+    output_dir = tempfile.mkdtemp(prefix="trl-bench-")  # TRL's checkpoints would go there (save_strategy "no")
     args = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl-bench-"),
+        output_dir=output_dir,
         per_device_train_batch_size=B * G,
         num_generations=G,
         max_completion_length=cfg.sampler.max_new_tokens,
@@ -249,8 +251,11 @@ def trl_trial(cfg: RunConfig, warmup: int) -> dict[str, Any]:
     trainer = GRPOTrainer(
         model=model, reward_funcs=reward, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[Marks()]
     )
-    trainer.train()
-    steps.mark()  # the end of the last step
+    try:
+        trainer.train()
+        steps.mark()  # the end of the last step
+    finally:
+        shutil.rmtree(output_dir, ignore_errors=True)
     out = steps.result(warmup, ("generate", "train"))
     logged = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     out["reward"] = sum(logged) / max(len(logged), 1)
