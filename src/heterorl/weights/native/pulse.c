@@ -206,6 +206,35 @@ static PyObject *digest_bytes(XXH3_state_t *state) {
     return PyBytes_FromStringAndSize((const char *)canon.digest, 16);
 }
 
+/* The start of a kernel over a base and a new tensor's raw bytes (scan, dense_codes): the same item size and
+ * length, and the two hash states, reset. Returns -1 with an exception set (the caller frees what is not NULL). */
+static int pair_begin(const Py_buffer *bb, const Py_buffer *nb, int itemsize, XXH3_state_t *sb, XXH3_state_t *sn) {
+    if (check_itemsize(itemsize)) return -1;
+    if (bb->len != nb->len || bb->len % itemsize) {
+        PyErr_SetString(PyExc_ValueError, "base and new must have the same size, a multiple of itemsize");
+        return -1;
+    }
+    if (sb == NULL || sn == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    XXH3_128bits_reset(sb);
+    XXH3_128bits_reset(sn);
+    return 0;
+}
+
+/* (first, second, base digest, new digest) of such a kernel; a digest not asked for is b''. NULL on failure. */
+static PyObject *pair_result(PyObject *first, PyObject *second, XXH3_state_t *sb, XXH3_state_t *sn, int hash_base,
+                             int hash_new) {
+    PyObject *out = NULL;
+    PyObject *hb = hash_base ? digest_bytes(sb) : PyBytes_FromStringAndSize(NULL, 0);
+    PyObject *hn = hash_new ? digest_bytes(sn) : PyBytes_FromStringAndSize(NULL, 0);
+    if (first && second && hb && hn) out = PyTuple_Pack(4, first, second, hb, hn);
+    Py_XDECREF(hb);
+    Py_XDECREF(hn);
+    return out;
+}
+
 /* ------------------------------------------------------------------------------------------------ diff scan */
 /* Lanes of the 64-bit words x (base) and y (new) that differ: positions and wrapped differences new - base. */
 #define SCAN_LANES(T, LANES)                                                                                       \
@@ -324,17 +353,7 @@ static PyObject *py_scan(PyObject *self, PyObject *args) {
     PyObject *out = NULL;
     XXH3_state_t *sb = XXH3_createState(), *sn = XXH3_createState();
     Vec pos = {NULL, 0, 0, 8}, dif = {NULL, 0, 0, (size_t)itemsize};
-    if (check_itemsize(itemsize)) goto done;
-    if (bb.len != nb.len || bb.len % itemsize) {
-        PyErr_SetString(PyExc_ValueError, "base and new must have the same size, a multiple of itemsize");
-        goto done;
-    }
-    if (sb == NULL || sn == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    XXH3_128bits_reset(sb);
-    XXH3_128bits_reset(sn);
+    if (pair_begin(&bb, &nb, itemsize, sb, sn)) goto done;
     int failed = 0;
     const char *b0 = bb.buf, *n0 = nb.buf;
     size_t nbytes = (size_t)bb.len;
@@ -369,13 +388,9 @@ static PyObject *py_scan(PyObject *self, PyObject *args) {
         goto done;
     }
     PyObject *p = vec_to_buf(&pos), *d = vec_to_buf(&dif);
-    PyObject *hb = hash_base ? digest_bytes(sb) : PyBytes_FromStringAndSize(NULL, 0);
-    PyObject *hn = hash_new ? digest_bytes(sn) : PyBytes_FromStringAndSize(NULL, 0);
-    if (p && d && hb && hn) out = PyTuple_Pack(4, p, d, hb, hn);
+    out = pair_result(p, d, sb, sn, hash_base, hash_new);
     Py_XDECREF(p);
     Py_XDECREF(d);
-    Py_XDECREF(hb);
-    Py_XDECREF(hn);
 done:
     vec_free(&pos);
     vec_free(&dif);
@@ -412,17 +427,7 @@ static PyObject *py_dense_codes(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*ipp", &bb, &nb, &itemsize, &hash_base, &hash_new)) return NULL;
     PyObject *out_buf = NULL, *result = NULL;
     XXH3_state_t *sb = XXH3_createState(), *sn = XXH3_createState();
-    if (check_itemsize(itemsize)) goto done;
-    if (bb.len != nb.len || bb.len % itemsize) {
-        PyErr_SetString(PyExc_ValueError, "base and new must have the same size, a multiple of itemsize");
-        goto done;
-    }
-    if (sb == NULL || sn == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    XXH3_128bits_reset(sb);
-    XXH3_128bits_reset(sn);
+    if (pair_begin(&bb, &nb, itemsize, sb, sn)) goto done;
     void *data;
     out_buf = buf_new((size_t)bb.len, &data);
     if (out_buf == NULL) goto done;
@@ -442,12 +447,8 @@ static PyObject *py_dense_codes(PyObject *self, PyObject *args) {
         }
     }
     Py_END_ALLOW_THREADS;
-    PyObject *hb = hash_base ? digest_bytes(sb) : PyBytes_FromStringAndSize(NULL, 0);
-    PyObject *hn = hash_new ? digest_bytes(sn) : PyBytes_FromStringAndSize(NULL, 0);
     PyObject *count = PyLong_FromSize_t(changed);
-    if (hb && hn && count) result = PyTuple_Pack(4, out_buf, count, hb, hn);
-    Py_XDECREF(hb);
-    Py_XDECREF(hn);
+    result = pair_result(out_buf, count, sb, sn, hash_base, hash_new);
     Py_XDECREF(count);
 done:
     Py_XDECREF(out_buf);
