@@ -25,7 +25,15 @@ import xxhash
 from heterorl.weights import native
 from heterorl.weights.diffscan import int_view
 from heterorl.weights.format import UINT, PatchError, bits_view
-from heterorl.weights.intcode import StreamSpec, compress_parts, decode_uints, encode_stream, encode_uints
+from heterorl.weights.intcode import (
+    StreamSpec,
+    compress_parts,
+    decode_uints,
+    encode_stream,
+    encode_uints,
+    unzigzag,
+    zigzag,
+)
 
 DENSE_SHARE = 0.5  # sampled changed share from which a tensor is coded dense
 DENSE_SAMPLE = 256  # elements looked at to decide (about; strided): ~5 us a tensor; 45% is taken for 50% 1 in 20 times
@@ -73,25 +81,6 @@ def is_dense_device(base_t: torch.Tensor, new_t: torch.Tensor) -> bool:
 
 
 # --- codes
-def zigzag(delta_N: np.ndarray) -> np.ndarray:
-    """Wrapped difference d (unsigned) -> zigzag(d): 0 -> 0, -1 -> 1, +1 -> 2, -2 -> 3, ... (unsigned throughout)."""
-    bits = delta_N.dtype.itemsize * 8
-    sign_N = delta_N >> (bits - 1)
-    np.negative(sign_N, out=sign_N)  # 0 or all ones
-    code_N = delta_N << 1
-    code_N ^= sign_N
-    return code_N
-
-
-def unzigzag(code_N: np.ndarray) -> np.ndarray:
-    """Inverse of `zigzag`."""
-    sign_N = code_N & 1
-    np.negative(sign_N, out=sign_N)
-    d_N = code_N >> 1
-    d_N ^= sign_N
-    return d_N
-
-
 def codes_numpy(
     base_U: np.ndarray, new_U: np.ndarray, hash_base: bool, hash_new: bool
 ) -> tuple[np.ndarray, int, bytes, bytes]:

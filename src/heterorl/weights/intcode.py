@@ -359,28 +359,38 @@ def _assemble(
 
 
 # --- value codes
-def zigzag_minus_one(delta_N: np.ndarray) -> np.ndarray:
-    """Wrapped difference d (unsigned) -> zigzag(d) - 1: -1 -> 0, +1 -> 1, -2 -> 2, +2 -> 3, ...
-
-    Unsigned arithmetic throughout (well defined on wrap-around); d is never 0 for a changed element.
-    """
+def zigzag(delta_N: np.ndarray) -> np.ndarray:
+    """Wrapped difference d (unsigned) -> zigzag(d): 0 -> 0, -1 -> 1, +1 -> 2, -2 -> 3, ... (unsigned throughout)."""
     bits = delta_N.dtype.itemsize * 8
     sign_N = delta_N >> (bits - 1)
     np.negative(sign_N, out=sign_N)  # 0 or all ones
     code_N = delta_N << 1
     code_N ^= sign_N
+    return code_N
+
+
+def unzigzag(code_N: np.ndarray) -> np.ndarray:
+    """Inverse of `zigzag`."""
+    sign_N = code_N & 1
+    np.negative(sign_N, out=sign_N)
+    d_N = code_N >> 1
+    d_N ^= sign_N
+    return d_N
+
+
+def zigzag_minus_one(delta_N: np.ndarray) -> np.ndarray:
+    """Wrapped difference d (unsigned) -> zigzag(d) - 1: -1 -> 0, +1 -> 1, -2 -> 2, +2 -> 3, ...
+
+    Unsigned arithmetic throughout (well defined on wrap-around); d is never 0 for a changed element.
+    """
+    code_N = zigzag(delta_N)
     code_N -= 1
     return code_N
 
 
 def unzigzag_plus_one(code_N: np.ndarray) -> np.ndarray:
-    """Inverse of `zigzag_minus_one` (in place on a copy of code_N + 1)."""
-    zz_N = code_N + 1
-    sign_N = zz_N & 1
-    np.negative(sign_N, out=sign_N)
-    zz_N >>= 1
-    zz_N ^= sign_N
-    return zz_N
+    """Inverse of `zigzag_minus_one`."""
+    return unzigzag(code_N + 1)
 
 
 DIFFERENCES = {w: unzigzag_plus_one(np.arange(256, dtype=dtype)) for w, dtype in UINT.items()}  # code -> difference
