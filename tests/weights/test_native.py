@@ -119,6 +119,12 @@ def test_gap_and_code_streams_equal_the_reference(pair):
         got_spec, got_parts = encode_stream(src, kind, None, x.itemsize * 8)
         assert got_spec == spec
         assert b"".join(bytes(p) for p in got_parts) == b"".join(bytes(p) for p in parts)
+        for k in (0, 1, 2, 3, 6, 8):  # every packing below a byte, most values escaping at k = 0, and one lo plane
+            if k < 8 * x.itemsize:
+                spec, parts = encode_uints(x, k)
+                got_spec, got_parts = encode_stream(src, kind, k, x.itemsize * 8)
+                assert got_spec == spec
+                assert b"".join(bytes(p) for p in got_parts) == b"".join(bytes(p) for p in parts)
 
 
 def _outcome(fn):  # type: ignore[no-untyped-def]

@@ -487,6 +487,15 @@ static inline __attribute__((always_inline)) uint64_t stream_value(const void *s
 #define REFINE 1e-9
 #include <math.h>
 
+/* c * log2(c) for every count a sample's histogram bin can hold: a candidate's entropy is then
+ * log2(n) - sum_v c_v log2(c_v) / n, one table look-up per distinct symbol instead of a log2 (most of choose_k's
+ * time when the symbols are 8 bits wide). Filled when the module loads. */
+static double clog2c[SAMPLE * 2 + 3];
+
+static void init_clog2c(void) {
+    for (size_t c = 1; c < sizeof clog2c / sizeof clog2c[0]; c++) clog2c[c] = (double)c * log2((double)c);
+}
+
 /* The element of rank `rank` (0-based, ascending) of v[0:n], by quickselect (v is reordered). */
 static uint64_t select_rank(uint64_t *v, size_t n, size_t rank) {
     size_t lo = 0, hi = n - 1;
@@ -568,12 +577,9 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
                 escaped += xs[t] >= limit;
             }
         }
-        double entropy = 0.0;
-        for (int v = 0; v < 256; v++)
-            if (hist[v]) {
-                double q = (double)hist[v] / (double)total;
-                entropy -= q * log2(q);
-            }
+        double sum = 0.0;
+        for (int v = 0; v < 256; v++) sum += clog2c[hist[v]];
+        double entropy = log2((double)total) - sum / (double)total;
         int esc_bytes = escaped ? width_of((top >> k) - ESCAPE) : 0;
         double cost = 8.0 * n_lo + entropy + 8.0 * esc_bytes * (double)escaped / (double)total;
         ks[nk] = k;
@@ -596,9 +602,10 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
 }
 
 /* The escape planes of a value stream (kind 0): h = (x >> k) - ESCAPE of every x >= limit, in order, as `ew` byte
- * planes of `escapes` bytes. For 16-bit values a mask of 32 elements at a time (SSE2: a biased signed compare,
- * movemask's bit pairs), then one iteration per escape: a branch per element mispredicted on every escape (a few
- * percent of a dense tensor's codes), the pass cost more than packing the symbols. Returns the escapes written. */
+ * planes of `escapes` bytes. For 16-bit (32-bit) values a mask of 32 (16) elements at a time (SSE2: a biased
+ * signed compare, movemask), then one iteration per escape: a branch per element mispredicted on every escape (a
+ * few percent of a dense tensor's codes), the pass cost more than packing the symbols. Returns the escapes
+ * written. */
 static size_t write_escapes(const void *src, int itemsize, size_t count, uint64_t limit, int k, uint8_t *es,
                             size_t escapes, int ew) {
     size_t e = 0, i = 0;
@@ -615,6 +622,25 @@ static size_t write_escapes(const void *src, int itemsize, size_t count, uint64_
             while (mask) {
                 int l = __builtin_ctzll(mask) >> 1;
                 mask &= mask - 1;
+                mask &= mask - 1;
+                uint64_t h = ((uint64_t)v[i + l] >> k) - ESCAPE;
+                for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));
+                e++;
+            }
+        }
+    }
+    if (itemsize == 4 && limit <= 0xFFFFFFFFull) { /* gaps of positions: 16 elements, four lanes per compare */
+        const uint32_t *v = src;
+        const __m128i bias = _mm_set1_epi32((int)0x80000000u),
+                      below = _mm_set1_epi32((int)((uint32_t)(limit - 1) ^ 0x80000000u));
+        for (; i + 16 <= count; i += 16) {
+            unsigned mask = 0;
+            for (int j = 0; j < 4; j++) {
+                __m128i x = _mm_xor_si128(_mm_loadu_si128((const __m128i *)(v + i + 4 * j)), bias);
+                mask |= (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpgt_epi32(x, below))) << (4 * j);
+            }
+            while (mask) {
+                int l = __builtin_ctz(mask);
                 mask &= mask - 1;
                 uint64_t h = ((uint64_t)v[i + l] >> k) - ESCAPE;
                 for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));
@@ -647,6 +673,8 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     int itemsize, kind, k, bits = 64, close = 0;
     if (!PyArg_ParseTuple(args, "y*iii|i", &sb, &itemsize, &kind, &k, &bits)) return NULL;
     PyObject *out = NULL;
+    void *narrow = NULL; /* the stream's values in their narrowest width (below) */
+    size_t narrow_cap = 0;
     if (check_itemsize(kind == 1 ? 8 : itemsize)) goto done;
     int isz = kind == 1 ? 8 : itemsize;
     if (sb.len % isz || k < -1 || k >= 64 || k % 8 == 7 || kind < 0 || kind > 2 || bits < 1 || bits > 64) {
@@ -664,13 +692,41 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     uint64_t limit = (uint64_t)ESCAPE << k; /* values >= limit escape (k <= 62: no overflow) */
     size_t escapes = 0;
     uint64_t top = 0;
+    const void *src = sb.buf;
+    if (n_lo == 0 && count && ((kind == 1 && bits <= 32) || (kind == 2 && itemsize == 2))) {
+        narrow = pool_get(count * (kind == 1 ? 4 : 2), &narrow_cap);
+        if (narrow == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+    }
     Py_BEGIN_ALLOW_THREADS;
+    /* The two streams of every sparse tensor, split below a byte: gaps of positions below 2^32 (truncated to 32
+     * bits, as the reference's uint32 gaps are) and codes of 16-bit differences. Their values go to a narrow
+     * array first, in loops the compiler vectorizes, and are then counted, packed and escaped as values (kind 0)
+     * by the vectorized loops below: one pass per element with the value computed in 64 bits and its symbol ORed
+     * into its byte cost ~4-5 ns per value. */
+    if (narrow != NULL && kind == 1) {
+        const int64_t *p = (const int64_t *)src;
+        uint32_t *g = narrow;
+        g[0] = (uint32_t)p[0];
+        for (size_t i = 1; i < count; i++) g[i] = (uint32_t)(p[i] - p[i - 1] - 1);
+        src = narrow, kind = 0, itemsize = 4;
+    } else if (narrow != NULL) {
+        const uint16_t *d = (const uint16_t *)src;
+        uint16_t *c = narrow;
+        for (size_t i = 0; i < count; i++) { /* zigzag(d) - 1 in 16 bits */
+            int x = d[i];
+            c[i] = (uint16_t)((((x << 1) ^ -(x >> 15)) - 1) & 0xFFFF);
+        }
+        src = narrow, kind = 0;
+    }
     /* the escapes' count and widest field: for the two streams every patch has (gaps of int64 positions, codes of
      * 16-bit differences) a branch-free loop with kind and width as constants (the generic one tests both per
      * element); ~15% of encode_uints' time */
 #define COUNT_LOOP(KIND, ISZ)                                                                                      \
     for (size_t i = 0; i < count; i++) {                                                                           \
-        uint64_t x = stream_value(sb.buf, i, ISZ, KIND);                                                           \
+        uint64_t x = stream_value(src, i, ISZ, KIND);                                                           \
         int over = x >= limit;                                                                                     \
         uint64_t h = over ? (x >> k) - ESCAPE : 0;                                                                 \
         escapes += (size_t)over;                                                                                   \
@@ -679,8 +735,9 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     switch (kind * 16 + itemsize) {
     case 16 + 8: COUNT_LOOP(1, 8) break;
     case 32 + 2: COUNT_LOOP(2, 2) break;
+    case 4: COUNT_LOOP(0, 4) break;
     case 2: { /* 16-bit values (dense.py's codes): int arithmetic, which SSE2 vectorizes (k <= 14: no overflow) */
-        const uint16_t *v = (const uint16_t *)sb.buf;
+        const uint16_t *v = (const uint16_t *)src;
         int lim = (int)limit, t = 0;
         size_t n_esc = 0;
         for (size_t i = 0; i < count; i++) {
@@ -694,7 +751,7 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     }
     default:
         for (size_t i = 0; i < count; i++) {
-            uint64_t x = stream_value(sb.buf, i, itemsize, kind);
+            uint64_t x = stream_value(src, i, itemsize, kind);
             if (x >= limit) {
                 escapes++;
                 uint64_t h = (x >> k) - ESCAPE;
@@ -720,7 +777,7 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
      * the compiler vectorizes, where the general loop below ORs each symbol into its byte (~3 ns per value). */
 #define PACK_SMALL(T, A, PER) /* A: the arithmetic's type (int for narrow values: SSE2 compares ints) */         \
     do {                                                                                                           \
-        const T *v = (const T *)sb.buf;                                                                            \
+        const T *v = (const T *)src;                                                                            \
         const A cap = (A)((unsigned)ESCAPE << r), low = (A)rmask; /* the symbols fit a byte */                     \
         const int shift = r + 2;                                                                                   \
         size_t full = count / (PER);                                                                               \
@@ -736,7 +793,7 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
             uint64_t x = v[i], sym = (x & rmask) | cap;                                                            \
             pk[i / (PER)] |= (uint8_t)((x < sym ? x : sym) << ((r + 2) * (i % (PER))));                            \
         }                                                                                                          \
-        if (escapes) e = write_escapes(sb.buf, sizeof(T), count, limit, k, es, escapes, ew);                       \
+        if (escapes) e = write_escapes(src, sizeof(T), count, limit, k, es, escapes, ew);                       \
     } while (0)
 #define PACK_SMALL_WIDTH(PER)                                                                                      \
     switch (itemsize) {                                                                                            \
@@ -754,7 +811,7 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     /* one loop per (kind, width), so that the value's computation is straight-line code */
 #define ENCODE_LOOP(KIND, ISZ)                                                                                     \
     for (size_t i = 0; i < count; i++) {                                                                           \
-        uint64_t x = stream_value(sb.buf, i, ISZ, KIND);                                                           \
+        uint64_t x = stream_value(src, i, ISZ, KIND);                                                           \
         for (int j = 0; j < n_lo; j++) lo[j * count + i] = (uint8_t)(x >> (8 * j));                               \
         uint64_t y = x >> (8 * n_lo);                                                                              \
         uint64_t sym = (y & rmask) | ((uint64_t)ESCAPE << r);                                                      \
@@ -785,6 +842,7 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     out = Py_BuildValue("(Onnii)", parts, (Py_ssize_t)escapes, (Py_ssize_t)ew, k, close);
     Py_DECREF(parts);
 done:
+    pool_put(narrow, narrow_cap);
     PyBuffer_Release(&sb);
     return out;
 }
@@ -798,21 +856,39 @@ typedef struct {
     size_t escapes;
 } Stream;
 
+/* The escape fields among a packed byte's symbols, for the splits with several symbols per byte (r = 0, 1, 2). */
+static uint8_t escapes_in_byte[3][256];
+
+static void init_escapes_in_byte(void) {
+    for (int r = 0; r < 3; r++) {
+        int width = r + 2, per = 8 / width;
+        for (int b = 0; b < 256; b++) {
+            int n = 0;
+            for (int j = 0; j < per; j++) n += ((b >> (width * j)) & ((1 << width) - 1)) >> r == ESCAPE;
+            escapes_in_byte[r][b] = (uint8_t)n;
+        }
+    }
+}
+
 static const char *stream_check(const Stream *s) {
-    int n_lo = s->k / 8, r = s->k % 8, per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;
+    int n_lo = s->k / 8, r = s->k % 8, per = 8 / (r + 2);
     size_t packed = (s->count + per - 1) / per;
     const uint8_t *pk = s->buf + n_lo * s->count;
-    uint8_t smask = per == 1 ? 0xFF : (uint8_t)((1u << (r + 2)) - 1);
     if (per > 1 && s->count % per) { /* padding after the last symbol */
         unsigned used = (unsigned)((s->count % per) * (r + 2)), full = (unsigned)(per * (r + 2));
         /* the symbol slots after the last symbol must be zero; bits above per * (r + 2) carry no slot (as in
          * the reference, which unpacks bytes by table) */
         if ((pk[packed - 1] & ((1u << full) - 1)) >> used) return "non-zero padding after the last packed symbol";
     }
+    /* the escape fields counted: a symbol per byte escapes iff its byte lies in [3 << r, 4 << r) (r = 6: the top
+     * quarter), a compare the compiler vectorizes; several per byte by table */
     size_t esc = 0;
-    for (size_t i = 0; i < s->count; i++) {
-        uint8_t sym = (uint8_t)((pk[i >> pshift] >> ((r + 2) * (i & (per - 1)))) & smask);
-        esc += r < 6 ? (sym >> r) == ESCAPE : sym >= (ESCAPE << r);
+    if (per == 1) {
+        uint8_t lo = (uint8_t)(ESCAPE << r), width = (uint8_t)(1u << r);
+        for (size_t i = 0; i < s->count; i++) esc += (uint8_t)(pk[i] - lo) < width;
+    } else {
+        const uint8_t *table = escapes_in_byte[r];
+        for (size_t b = 0; b < packed; b++) esc += table[pk[b]];
     }
     if (esc != s->escapes) return "stream's escape fields do not match its spec";
     return NULL;
@@ -1705,6 +1781,8 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_pulse", "Compiled k
 PyMODINIT_FUNC PyInit__pulse(void) {
     if (PyType_Ready(&BufType) < 0) return NULL;
     init_lane_table();
+    init_clog2c();
+    init_escapes_in_byte();
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     CodecError = PyErr_NewException("heterorl.weights.native._pulse.CodecError", PyExc_ValueError, NULL);
