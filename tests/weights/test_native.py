@@ -57,10 +57,15 @@ def bit_arrays(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     return base, new
 
 
-@settings(max_examples=150, deadline=None)
-@given(bit_arrays(), st.booleans(), st.booleans())
-def test_scan_equals_the_reference(pair, hash_base, hash_new):
-    base, new = pair
+WIDTHS = [pytest.param(True, id="avx512"), pytest.param(False, id="baseline")]
+
+
+def _skip_unless_wide(wide: bool) -> None:
+    if wide and not native.WIDE:
+        pytest.skip("this CPU has no AVX-512 BW + VBMI2: the kernels run their baseline loops only")
+
+
+def _scan_matches(base: np.ndarray, new: np.ndarray, hash_base: bool, hash_new: bool) -> None:
     want = scan_numpy(base, new, hash_base, hash_new)
     got = native.scan(base, new, hash_base, hash_new)
     assert np.array_equal(got[0], want[0])
@@ -68,6 +73,30 @@ def test_scan_equals_the_reference(pair, hash_base, hash_new):
     assert np.array_equal(got[1], want[1])
     assert got[1].dtype == base.dtype
     assert got[2:] == want[2:]
+
+
+@pytest.mark.parametrize("wide", WIDTHS)
+@settings(max_examples=150, deadline=None)
+@given(pair=bit_arrays(), hash_base=st.booleans(), hash_new=st.booleans())
+def test_scan_equals_the_reference(wide, pair, hash_base, hash_new):
+    _skip_unless_wide(wide)
+    with native.wide(wide):
+        _scan_matches(*pair, hash_base, hash_new)
+
+
+@pytest.mark.parametrize("wide", WIDTHS)
+@pytest.mark.parametrize("rate", [0.0005, 0.04, 0.3, 1.0])
+def test_scan_of_a_large_tensor_equals_the_reference(wide, rate):
+    """Past the kernel's chunk (256 KiB) and its groups of blocks, 16-bit elements at every density: the AVX-512
+    loop stores a block's differing lanes whole and keeps room for them, which small arrays never stress."""
+    _skip_unless_wide(wide)
+    rng = np.random.default_rng(int(rate * 1e4))
+    base = rng.integers(0, 2**16, 300_007, dtype=np.uint16)
+    new = base.copy()
+    moved = rng.random(base.size) < rate
+    new[moved] += rng.integers(1, 2**16, int(moved.sum()), dtype=np.uint16)
+    with native.wide(wide):
+        _scan_matches(base, new, True, True)
 
 
 @st.composite

@@ -31,6 +31,7 @@ except ImportError:  # not built (no C compiler at install): the numpy reference
 
 _EMPTY = xxhash.xxh3_128().digest()  # what the reference returns for a digest it was not asked for
 BUILT = _pulse is not None
+WIDE = BUILT and bool(_pulse.set_wide(True))  # the CPU runs the AVX-512 loops (BW + VBMI2), which are used
 _enabled = BUILT and os.environ.get("HETERORL_NATIVE", "1") != "0"
 
 
@@ -49,6 +50,20 @@ def use(flag: bool) -> Iterator[None]:
         yield
     finally:
         _enabled = before
+
+
+@contextlib.contextmanager
+def wide(flag: bool) -> Iterator[None]:
+    """Within the block, the kernels that have an AVX-512 loop use it (True, where the CPU has it) or their
+    baseline loop (False): tests compare both with the reference. Not per thread."""
+    if not BUILT:
+        yield
+        return
+    _pulse.set_wide(flag)
+    try:
+        yield
+    finally:
+        _pulse.set_wide(WIDE)
 
 
 def _array(buf: object, dtype: np.dtype | type) -> np.ndarray:

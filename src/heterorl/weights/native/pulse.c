@@ -16,6 +16,20 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* Kernels with an AVX-512 loop (compiled for it by a target attribute, chosen at run time when the CPU has
+ * AVX-512 BW and VBMI2, whose compress instruction writes a block's differing lanes side by side); `wide` is
+ * the switch (set_wide: tests compare both loops). */
+#define HAVE_WIDE 1
+static int wide;
+
+static int wide_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vbmi2");
+}
+#endif
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include "xxh_x86dispatch.c" /* xxHash inline, XXH3 updates dispatched to SSE2 / AVX2 / AVX-512 at run time */
@@ -258,10 +272,57 @@ static PyObject *pair_result(PyObject *first, PyObject *second, XXH3_state_t *sb
         dif.len += k;                                                                                              \
     }
 
+#ifdef HAVE_WIDE
+/* scan16's AVX-512 loop, 32 elements (one 64-byte line of each tensor) at a time and no branch per block: the
+ * mask of lanes that differ, the differences and the lane numbers compressed to the front of a register, stored
+ * whole (room for 32 elements per block is reserved for 64 blocks at a time; the length grows by the count),
+ * lane numbers widened to int64 eight at a time. Returns the words done (a multiple of 8), or (size_t)-1 when
+ * out of memory. */
+#define WIDE_GROUP 64
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vbmi2,popcnt"))) static size_t
+scan16_wide(const char *wb, const char *wn, size_t words, size_t first, Vec *pos, Vec *dif) {
+    const __m512i lanes = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13,
+                                           12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i step = _mm512_set1_epi64(32);
+    size_t w = 0;
+    while (w + 8 <= words) {
+        size_t blocks = (words - w) / 8 < WIDE_GROUP ? (words - w) / 8 : WIDE_GROUP;
+        if (vec_reserve(pos, 32 * blocks) || vec_reserve(dif, 32 * blocks)) return (size_t)-1;
+        int64_t *p = (int64_t *)pos->data + pos->len;
+        uint16_t *dd = (uint16_t *)dif->data + dif->len;
+        size_t n = 0;
+        __m512i at = _mm512_set1_epi64((long long)(first + 4 * w));
+        for (size_t b = 0; b < blocks; b++, w += 8) {
+            __m512i x = _mm512_loadu_si512((const void *)(wb + 8 * w));
+            __m512i y = _mm512_loadu_si512((const void *)(wn + 8 * w));
+            __mmask32 m = _mm512_cmpneq_epi16_mask(x, y);
+            int count = __builtin_popcount((unsigned)m);
+            _mm512_storeu_si512((void *)(dd + n), _mm512_maskz_compress_epi16(m, _mm512_sub_epi16(y, x)));
+            __m512i idx = _mm512_maskz_compress_epi16(m, lanes);
+            _mm512_storeu_si512((void *)(p + n), _mm512_add_epi64(_mm512_cvtepu16_epi64(_mm512_castsi512_si128(idx)), at));
+            for (int q = 1; q < 4 && 8 * q < count; q++) /* more than 8 differ: rare at a few percent of changes */
+                _mm512_storeu_si512((void *)(p + n + 8 * q),
+                                    _mm512_add_epi64(_mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(idx, q)), at));
+            n += (size_t)count;
+            at = _mm512_add_epi64(at, step);
+        }
+        pos->len += n;
+        dif->len += n;
+    }
+    return w;
+}
+#endif
+
 /* 16-bit elements: a mask of the lanes that differ, then one iteration per differing element. Returns -1
  * when out of memory. */
 static int scan16(const char *wb, const char *wn, size_t words, size_t first, Vec *pos, Vec *dif) {
     size_t w = 0;
+#ifdef HAVE_WIDE
+    if (wide) {
+        w = scan16_wide(wb, wn, words, first, pos, dif);
+        if (w == (size_t)-1) return -1;
+    }
+#endif
 #ifdef __SSE2__
     /* x86-64 (SSE2 is its baseline): 8 lanes per compare, movemask gives each lane two equal bits; 32 elements make
      * a 64-bit mask of bit pairs, and each differing element clears its pair. */
@@ -1738,6 +1799,21 @@ static PyObject *py_empty(PyObject *self, PyObject *args) {
 
 PyDoc_STRVAR(set_pool_limit_doc, "set_pool_limit(nbytes) -> previous limit\n\nMost bytes of freed blocks the pool keeps.");
 
+PyDoc_STRVAR(set_wide_doc, "set_wide(flag) -> bool\n\nUse the AVX-512 loops (when the CPU has them; the default) "
+                           "or not; returns whether they are used now.");
+
+static PyObject *py_set_wide(PyObject *self, PyObject *args) {
+    int flag;
+    if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
+#ifdef HAVE_WIDE
+    wide = flag && wide_supported();
+    return PyBool_FromLong(wide);
+#else
+    (void)flag;
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyObject *py_set_pool_limit(PyObject *self, PyObject *args) {
     Py_ssize_t limit;
     if (!PyArg_ParseTuple(args, "n", &limit)) return NULL;
@@ -1772,6 +1848,7 @@ static PyMethodDef methods[] = {
     {"ranks_bitmap", py_ranks_bitmap, METH_VARARGS, ranks_bitmap_doc},
     {"empty", py_empty, METH_VARARGS, empty_doc},
     {"set_pool_limit", py_set_pool_limit, METH_VARARGS, set_pool_limit_doc},
+    {"set_wide", py_set_wide, METH_VARARGS, set_wide_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1783,6 +1860,9 @@ PyMODINIT_FUNC PyInit__pulse(void) {
     init_lane_table();
     init_clog2c();
     init_escapes_in_byte();
+#ifdef HAVE_WIDE
+    wide = wide_supported();
+#endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     CodecError = PyErr_NewException("heterorl.weights.native._pulse.CodecError", PyExc_ValueError, NULL);
