@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from heterorl.weights import ctxpatch, dense, hashing, plain, staged
-from heterorl.weights.diffscan import int_view, scan, scan_device
+from heterorl.weights.diffscan import int_view, scan_cpu, scan_device
 from heterorl.weights.format import (
     CTX_FORMAT_VERSION,
     FORMAT_VERSION,
@@ -207,12 +207,11 @@ def encode_versions(
                 codes, count, db, dn = dense.scan_device(b, n, hash_base, hash_new)
                 return _Diff(None, None, db, dn, codes, count)
             return _Diff(*scan_device(b, n, hash_base, hash_new))
-        if dense_ok:
-            base_U, new_U = bits_view(b.detach()), bits_view(n.detach())
-            if dense.is_dense(base_U, new_U):
-                codes, count, db, dn = dense.scan(base_U, new_U, hash_base, hash_new)
-                return _Diff(None, None, db, dn, codes, count)
-        return _Diff(*scan(b, n, hash_base, hash_new))
+        base_U, new_U = bits_view(b.detach()), bits_view(n.detach())
+        if dense_ok and dense.is_dense(base_U, new_U):
+            codes, count, db, dn = dense.scan(base_U, new_U, hash_base, hash_new)
+            return _Diff(None, None, db, dn, codes, count)
+        return _Diff(*scan_cpu(base_U, new_U, hash_base, hash_new))
 
     diffs = parallel_map(scan_one, names, workers)
     if hash_base:

@@ -597,22 +597,29 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
         xs[t] = stream_value(src, t * step, itemsize, kind);
         if (xs[t] > top) top = xs[t];
     }
-    /* small values (gaps and value codes are): a dense histogram, which gives the median and lets each candidate
-     * be priced per distinct value instead of per sample element */
+    /* the sample's small values (below 4 x its size: most of a gap or code stream's) as a histogram, the others as
+     * a list: they give the median, and each candidate is priced per distinct small value and per large one
+     * instead of per sample element (a code stream's sample holds a few large codes among many 0s and 1s) */
     static __thread uint32_t dense[4 * (SAMPLE * 2 + 2)];
-    int is_dense = top < 4 * (uint64_t)total;
-    uint64_t median;
-    if (is_dense) {
-        memset(dense, 0, (top + 1) * sizeof dense[0]);
-        for (size_t t = 0; t < total; t++) dense[xs[t]]++;
-        size_t seen = 0;
-        median = 0;
-        while ((seen += dense[median]) <= total / 2) median++;
-    } else {
-        uint64_t scratch[SAMPLE * 2 + 2];
-        memcpy(scratch, xs, total * 8);
-        median = select_rank(scratch, total, total / 2);
+    uint64_t cap = 4 * (uint64_t)total, large[SAMPLE * 2 + 2], top_small = 0;
+    size_t n_large = 0, n_small;
+    memset(dense, 0, (top < cap ? top + 1 : cap) * sizeof dense[0]);
+    for (size_t t = 0; t < total; t++) {
+        uint64_t x = xs[t];
+        if (x < cap) {
+            dense[x]++;
+            top_small = x > top_small ? x : top_small;
+        } else {
+            large[n_large++] = x;
+        }
     }
+    n_small = total - n_large;
+    uint64_t median = 0;
+    size_t rank = total / 2, seen = 0;
+    if (rank < n_small)
+        while ((seen += dense[median]) <= rank) median++;
+    else
+        median = select_rank(large, n_large, rank - n_small); /* reorders the list: the sums below do not care */
     int center = median ? 64 - __builtin_clzll(median) : 0;
     int lo = center - 2 > 0 ? center - 2 : 0, hi = center + 1 < bits - 1 ? center + 1 : bits - 1;
     double best = INFINITY, costs[8];
@@ -624,19 +631,16 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
         uint64_t rmask = (1ull << r) - 1, limit = (uint64_t)ESCAPE << k;
         size_t *hist = hists[nk], escaped = 0;
         memset(hist, 0, sizeof hists[0]);
-        if (is_dense) {
-            for (uint64_t v = 0; v <= top; v++) {
-                if (!dense[v]) continue;
-                uint64_t y = v >> (8 * n_lo), sym = (y & rmask) | ((uint64_t)ESCAPE << r);
-                hist[y < sym ? y : sym] += dense[v];
-                escaped += v >= limit ? dense[v] : 0;
-            }
-        } else {
-            for (size_t t = 0; t < total; t++) {
-                uint64_t y = xs[t] >> (8 * n_lo), sym = (y & rmask) | ((uint64_t)ESCAPE << r);
-                hist[y < sym ? y : sym]++;
-                escaped += xs[t] >= limit;
-            }
+        for (uint64_t v = 0; n_small && v <= top_small; v++) {
+            if (!dense[v]) continue;
+            uint64_t y = v >> (8 * n_lo), sym = (y & rmask) | ((uint64_t)ESCAPE << r);
+            hist[y < sym ? y : sym] += dense[v];
+            escaped += v >= limit ? dense[v] : 0;
+        }
+        for (size_t t = 0; t < n_large; t++) {
+            uint64_t y = large[t] >> (8 * n_lo), sym = (y & rmask) | ((uint64_t)ESCAPE << r);
+            hist[y < sym ? y : sym]++;
+            escaped += large[t] >= limit;
         }
         double sum = 0.0;
         for (int v = 0; v < 256; v++) sum += clog2c[hist[v]];
