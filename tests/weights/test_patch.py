@@ -121,6 +121,22 @@ def test_wrong_base_is_rejected_and_untouched(chain):
     assert bits_equal(weights, chain[2])
 
 
+@pytest.mark.parametrize("context", [False, True])
+@pytest.mark.parametrize("where", ["unchanged", "changed"])
+def test_a_base_one_bit_off_is_named_and_untouched(chain, context, where):
+    """The apply checks the result's hash, not the base's, before writing: one bit off in the held weights, at
+    an element the patch leaves alone or at one it changes, must still be caught and named as the wrong base."""
+    patch = encode_patch(chain[1], chain[2], context=context)
+    differs = bits_view(chain[1]["a"]) != bits_view(chain[2]["a"])
+    at = int(np.flatnonzero(differs if where == "changed" else ~differs)[0])
+    weights = clone(chain[1])
+    bits_view(weights["a"])[at] ^= np.uint16(1)
+    held = clone(weights)
+    with pytest.raises(PatchError, match="applies to base"):
+        apply_patch(weights, patch)
+    assert bits_equal(weights, held)
+
+
 @pytest.mark.parametrize(
     "edit",
     [

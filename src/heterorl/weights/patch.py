@@ -7,11 +7,14 @@ new_bits - base_bits. Two tensor layouts share one container (format.py):
   elements changed, one stream of every element's code with no positions (`dense.py`; the learner's diff decides
   per tensor from a sample and then computes the codes and the hashes in one pass);
 * format version 2 (`ctxpatch.py`, `context=True`): the same information coded per magnitude class of the base
-  weights, which the receiver holds (verified by hash before anything is written), so each class gets its own
-  statistics: 25-40% fewer bytes on real AdamW steps (docs/weight-sync.md).
+  weights, which the receiver holds, so each class gets its own statistics: 25-40% fewer bytes on real AdamW
+  steps (docs/weight-sync.md).
 
-Either way the result is bit-identical and cannot drift: the base hash is checked, the arithmetic is integer
-and wraps exactly, and the result hash is checked on scratch memory before the weights are touched. Multi-step
+Either way the result is bit-identical and cannot drift: the arithmetic is integer and wraps exactly, and the
+result hash is checked on scratch memory before the weights are touched. The result hash covers every element,
+so it matches only if the receiver held the patch's base (an element that differed there would differ in the
+result) and every change decoded as it was coded; the base hash is computed when a check fails, to say which of
+the two went wrong. Multi-step
 merges add differences at shared positions (mod 2^width), which is exactly "newest value wins", and drop
 positions that changed back. A v2 patch can only be decoded against its base, so merges work on v1 patches and
 `recode_patch` turns a (merged) v1 patch into v2 given the weights it produces.
@@ -26,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import xxhash
 
 from heterorl.weights import ctxpatch, dense, hashing, plain, staged
 from heterorl.weights.diffscan import int_view, scan_cpu, scan_device
@@ -368,27 +372,38 @@ def apply_patch(weights: StateDict, patch: Blobish, *, workers: int = 1) -> None
     """Apply a patch (format version 1 or 2) in place, or raise PatchError and leave `weights` untouched.
 
     Checked before the first write: magic, format version, lengths, checksum, header fields, tensor names,
-    dtypes, shapes, counts, stream sizes, position bounds, class sizes (v2), the base hash of `weights`, and the
-    result hash (computed on scratch chunks, staged.py). Tensors must be contiguous CPU tensors (updated through
-    a raw-bit view). `workers` threads decode and hash tensors side by side.
+    dtypes, shapes, counts, stream sizes, position bounds, class sizes (v2), and the result hash (computed on
+    scratch chunks, staged.py), which only the patch's base with every change decoded right can produce. When a
+    check fails the base hash of `weights` is computed too, and a base that is not the patch's is what the error
+    names. Tensors must be contiguous CPU tensors (updated through a raw-bit view). `workers` threads decode and
+    hash tensors side by side.
     """
     header, payload = _parse(patch)
     metas = header.tensors
     check_matches(weights, metas)
+    names = [m.name for m in metas]
     views = [writable_bits_view(weights[m.name], m.name) for m in metas]
     if header.version == CTX_FORMAT_VERSION:
         units = ctxpatch.units(header.segments, header.counts, views, payload)
     else:
         units = _units_v1(header, payload)
-    verified = staged.prepare(units, views, workers)
-    names = [m.name for m in metas]
-    held = _combine(names, weights, verified.base_digests)
-    if held != header.base_hash:
-        raise PatchError(f"patch applies to base {header.base_hash} but the weights hash to {held}")
+    try:
+        verified = staged.prepare(units, views, workers)
+    except PatchError:
+        _check_base(header.base_hash, names, weights, views)  # a v2 patch decoded against another base, most likely
+        raise
     result = _combine(names, weights, verified.result_digests)
     if result != header.result_hash:
+        _check_base(header.base_hash, names, weights, views)
         raise PatchError(f"patched weights would hash to {result}, the patch promises {header.result_hash}")
     staged.commit_all(verified.changes, workers)
+
+
+def _check_base(base_hash: str, names: Sequence[str], weights: StateDict, views: Sequence[np.ndarray]) -> None:
+    """PatchError naming the weights' hash if it is not the patch's base (a failed apply's likeliest cause)."""
+    held = _combine(names, weights, [xxhash.xxh3_128(v).digest() for v in views])
+    if held != base_hash:
+        raise PatchError(f"patch applies to base {base_hash} but the weights hash to {held}")
 
 
 # --- merge and re-code

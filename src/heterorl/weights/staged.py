@@ -1,13 +1,14 @@
-"""Changes staged against the receiver's tensors: both digests first, the write only once everything checked out.
+"""Changes staged against the receiver's tensors: the result's digest first, the write only once it checked out.
 
 A decoded patch is, per tensor, positions and wrapped bit differences. Before anything is written the receiver
-needs the tensor's digest as it is (the base check) and as it would be (the result check). Both come from one
-pass over the tensor in chunks of CHUNK_BYTES: xxh3 reads the chunk from memory into L2 (base digest), the
-chunk's new values are gathered and added there (base + difference, in cache: gathering them from the whole
-tensor afterwards would be a second, random pass over memory), the chunk is copied to a scratch buffer, patched
-and hashed again (result digest). The tensor itself is read once and not written; `commit` then scatters the
-kept new values. Bytes touched per element of a bf16 tensor: 2 read by the chunk pass, plus the scatter's
-cache lines at commit (~60% of them at 3% changes), against a plain copy's 2 read + 2 written.
+needs the tensor's digest as it would be (the result check; it also proves the base: an element that differed
+from the patch's base would differ in the result). It comes from one pass over the tensor in chunks of
+CHUNK_BYTES: the chunk is read into L2, its new values are gathered and added there (base + difference, in
+cache: gathering them from the whole tensor afterwards would be a second, random pass over memory), the chunk is
+copied to a scratch buffer, patched and hashed. The tensor itself is read once and not written; `commit` then
+scatters the kept new values. Bytes touched per element of a bf16 tensor: 2 read by the chunk pass, plus the
+scatter's cache lines at commit (~60% of them at 3% changes), against a plain copy's 2 read + 2 written.
+`digests` can hash the chunk as it is too (the base digest), in the same pass.
 
 Changes may come as several sorted, disjoint runs (v2 decodes one per magnitude class) over a group of
 consecutive tensors (a v2 segment); they are grouped by (tensor, chunk) with one radix sort of the chunk keys,
@@ -26,7 +27,7 @@ import xxhash
 from heterorl.weights import native
 
 CHUNK_BYTES = 1 << 18  # per chunk of a tensor: the chunk and its scratch copy (512 KB) stay in L2
-BIG = 1 << 22  # elements: a unit this large gets the workers to itself, its base digest in another thread
+BIG = 1 << 22  # elements: a unit this large gets the workers to itself (for its decoder)
 
 Runs = list[tuple[np.ndarray, np.ndarray]]
 
@@ -168,52 +169,40 @@ class Unit:
 
 @dataclass(frozen=True)
 class Verified:
-    """Every tensor's staged changes and its digests before and after them, in tensor order."""
+    """Every tensor's staged changes and its digest after them, in tensor order."""
 
     changes: list[TensorChanges]
-    base_digests: list[bytes]
     result_digests: list[bytes]
 
 
 def prepare(units: Sequence[Unit], views: Sequence[np.ndarray], workers: int) -> Verified:
-    """Decode every unit, stage its changes and compute both digests of each tensor, in `workers` threads.
+    """Decode every unit, stage its changes and compute each tensor's digest after them, in `workers` threads.
 
     One task per unit does decode, staging and the chunk pass of its tensors, so with two threads one tends to
     decode (small numpy operations, mostly holding the GIL) while the other hashes (xxh3 and the chunk copies
-    release it). Units of BIG elements or more go first, one at a time, with all the workers: their decoder
-    may split its own work, and their base digest is computed by another thread while the unit is decoded.
+    release it). Units of BIG elements or more go first, one at a time, with all the workers for their decoder
+    (which may split its own work).
     """
     changes: list[TensorChanges | None] = [None] * len(views)
-    base: list[bytes | None] = [None] * len(views)
     result: list[bytes | None] = [None] * len(views)
 
-    def run(unit: Unit, threads: int, base_known: bool) -> None:
+    def run(unit: Unit, threads: int) -> None:
         tcs = stage(views[unit.first : unit.first + unit.size], unit.decode(threads))
         for j, tc in enumerate(tcs):
-            before, after = digests(tc, base=not base_known, result=True)
-            i = unit.first + j
-            changes[i], result[i] = tc, after
-            if before is not None:
-                base[i] = before
+            changes[unit.first + j], result[unit.first + j] = tc, digests(tc, base=False)[1]
 
-    def base_digest(i: int) -> None:
-        base[i] = xxhash.xxh3_128(views[i]).digest()
-
-    big = [u for u in units if u.numel >= BIG and workers > 1]
-    small = [u for u in units if not (u.numel >= BIG and workers > 1)]
     if workers <= 1:
         for unit in units:
-            run(unit, 1, False)
+            run(unit, 1)
     else:
+        small = [u for u in units if u.numel < BIG]
+        for unit in units:
+            if unit.numel >= BIG:
+                run(unit, workers)
         with ThreadPoolExecutor(workers) as pool:
-            for unit in big:
-                futures = [pool.submit(base_digest, i) for i in range(unit.first, unit.first + unit.size)]
-                run(unit, workers, True)
-                _wait(futures)
-            _wait([pool.submit(run, u, 1, False) for u in sorted(small, key=lambda u: -u.numel)])
+            _wait([pool.submit(run, u, 1) for u in sorted(small, key=lambda u: -u.numel)])
     assert all(c is not None for c in changes)
-    assert all(b is not None for b in base)
-    return Verified(changes, base, result)  # type: ignore[arg-type]
+    return Verified(changes, result)  # type: ignore[arg-type]
 
 
 def commit_all(changes: Sequence[TensorChanges], workers: int) -> None:
