@@ -12,7 +12,7 @@ setup(
             sources=[f"{NATIVE}/pulse.c"],
             depends=[f"{NATIVE}/xxhash.h", f"{NATIVE}/xxh_x86dispatch.c", f"{NATIVE}/xxh_x86dispatch.h"],
             include_dirs=[NATIVE],
-            extra_compile_args=["-O3", "-fvisibility=hidden", "-Wno-unused-function"],
+            extra_compile_args=["-O3", "-falign-loops=64", "-fvisibility=hidden", "-Wno-unused-function"],
         )
     ]
 )

@@ -600,7 +600,8 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
     /* the sample's small values (below 4 x its size: most of a gap or code stream's) as a histogram, the others as
      * a list: they give the median, and each candidate is priced per distinct small value and per large one
      * instead of per sample element (a code stream's sample holds a few large codes among many 0s and 1s) */
-    static __thread uint32_t dense[4 * (SAMPLE * 2 + 2)];
+    static __thread uint32_t dense_tls[4 * (SAMPLE * 2 + 2)];
+    uint32_t *dense = dense_tls; /* the thread's array looked up once (each use of dense_tls was a __tls_get_addr call) */
     uint64_t cap = 4 * (uint64_t)total, large[SAMPLE * 2 + 2], top_small = 0;
     size_t n_large = 0, n_small;
     memset(dense, 0, (top < cap ? top + 1 : cap) * sizeof dense[0]);
