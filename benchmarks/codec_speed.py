@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/codec_speed.py --steps synthetic --threads 1 16 --no-reference
 
 GB = bf16 model bytes (2 x parameters). "enc/dec GB/s": per second of process CPU time, best of --repeats;
+the first line gives the machine's memory read speed at each thread count (what bounds the scan and the apply);
 "wall": per wall second (what threads buy); "x": native / numpy per CPU-second. The Qwen3 step is built once
 (4 AdamW steps of a ~90M Qwen3 on CPU, a few minutes) and cached under $HETERORL_CACHE/pulse-steps.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from heterorl.bench.codec import HEADER, codec_rows, thread_speedups
+from heterorl.bench.codec import HEADER, codec_rows, memory_line, thread_speedups
 from heterorl.weights import native
 
 
@@ -33,6 +34,7 @@ def main() -> None:
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, kernels built: {native.BUILT}, "
         f"load average {os.getloadavg()[0]:.2f}"
     )
+    print(memory_line(args.threads), flush=True)
     print(HEADER + "\n" + "-" * len(HEADER), flush=True)
     rows = codec_rows(args.steps, args.threads, args.repeats, reference=not args.no_reference)
     for line in thread_speedups(rows):

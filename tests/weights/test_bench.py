@@ -71,3 +71,13 @@ def test_cli_prints_both_codecs():
     assert "exponent-conditioned" in out.output
     bad = CliRunner().invoke(app, ["sync", "bench", "--step", "nope"])
     assert bad.exit_code != 0
+
+
+def test_the_memory_read_line_gives_each_thread_count():
+    """codec_speed.py's first line: the memory read speed the codec's passes are bound by, per thread count."""
+    from heterorl.bench.codec import memory_line, read_speed
+
+    assert 0.5 < read_speed(1, nbytes=28_000_000, repeats=1) < 1000  # GB/s: any machine this runs on
+    line = memory_line([1, 2])
+    assert line.startswith("memory read (xxh3 over 280 MB, wall): 1 thread ")
+    assert " GB/s, 2 threads x" in line

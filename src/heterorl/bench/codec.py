@@ -17,9 +17,12 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import torch
+import xxhash
 
 from heterorl.bench.steps import step_pair
 from heterorl.weights import native
@@ -102,6 +105,28 @@ def codec_rows(
                 rows.append(row)
                 print(format_row(row), flush=True)
     return rows
+
+
+def read_speed(threads: int, nbytes: int = 280_000_000, repeats: int = 3) -> float:
+    """GB/s (wall) at which `threads` threads hash `nbytes` of fresh arrays with xxh3, one array of 1.4 MB per
+    task: the machine's memory read speed, which bounds the codec's passes over the weights. On a machine whose
+    memory one core already saturates, more threads do not read faster (and the codec's scan cannot scale)."""
+    parts = [np.ones(700_000, np.uint16) for _ in range(max(1, nbytes // 1_400_000))]
+    digest = lambda a: xxhash.xxh3_128(a).digest()  # noqa: E731
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(repeats):
+            w0 = time.perf_counter()
+            list(pool.map(digest, parts)) if threads > 1 else [digest(a) for a in parts]
+            best = min(best, time.perf_counter() - w0)
+    return sum(a.nbytes for a in parts) / best / 1e9
+
+
+def memory_line(threads: Sequence[int]) -> str:
+    """One line: the memory read speed at each thread count, and its ratio to one thread's."""
+    one = read_speed(1)
+    speeds = [f"1 thread {one:.1f} GB/s"] + [f"{n} threads x{read_speed(n) / one:.2f}" for n in threads if n > 1]
+    return "memory read (xxh3 over 280 MB, wall): " + ", ".join(speeds)
 
 
 HEADER = (
