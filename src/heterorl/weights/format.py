@@ -67,7 +67,7 @@ DTYPES: dict[str, torch.dtype] = {
 }
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 ITEMSIZE: dict[torch.dtype, int] = {v: v.itemsize for v in DTYPES.values()}  # bytes per element (a dict lookup)
-_INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_UINT_VIEW = {1: torch.uint8, 2: torch.uint16, 4: torch.uint32, 8: torch.uint64}
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
@@ -87,11 +87,8 @@ def bits_view(t: torch.Tensor) -> np.ndarray:
     """
     if t.device.type != "cpu":
         raise ValueError(f"weight sync works on CPU tensors, got device {t.device}")
-    itemsize = t.element_size()
-    flat = t.reshape(-1)
-    if flat.dtype != _INT_VIEW[itemsize]:
-        flat = flat.view(_INT_VIEW[itemsize])
-    return flat.numpy().view(UINT[itemsize])
+    bits = t.view(_UINT_VIEW[t.element_size()])  # torch's unsigned views: one view, and .numpy() gives the dtype
+    return bits.numpy().reshape(-1)
 
 
 def writable_bits_view(t: torch.Tensor, name: str) -> np.ndarray:
