@@ -123,3 +123,18 @@ def test_framing_errors_are_named() -> None:
     head = b'{"group_id":"a","sampler_id":"s","prompt":"p","answer":"a","P":-1,"G":1,"L":1}'
     with pytest.raises(RolloutError, match="'P'"):
         decode_group(struct.pack("<4sI", b"HRG1", len(head)) + head, LIMITS)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_row_bytes_are_each_masked_row_as_torch_indexes_it(seed):
+    """The bytes the trust checks hash (content keys, duplicate fingerprints), masks with holes included."""
+    group = make_group(G=5, L=7, seed=seed)
+    group.completion_mask_GL[1, 0] = 0  # a hole before sampled tokens
+    group.completion_mask_GL[2] = 0  # an empty row
+    mask = group.completion_mask_GL.bool()
+    for values in (group.completion_ids_GL, group.behavior_logp_GL, group.version_GL):
+        want = [values[g][mask[g]].numpy().tobytes() for g in range(group.size)]
+        assert group.row_bytes(values) == want
+    sent = make_group(G=5, L=7, seed=seed)  # the wire carries prefix masks only
+    again = decode_group(encode_group(sent), LIMITS)
+    assert again.row_bytes(again.completion_ids_GL) == sent.row_bytes(sent.completion_ids_GL)

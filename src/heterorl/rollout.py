@@ -41,11 +41,18 @@ class RolloutGroup:
     @property
     def min_version(self) -> int:
         """Oldest weight version that produced a token of this group (what staleness is measured against)."""
-        valid = self.version_GL[self.completion_mask_GL.bool()]
-        return int(valid.min()) if valid.numel() else int(self.version_GL.min())
+        valid = self.version_GL.cpu().numpy()[self.completion_mask_GL.cpu().numpy() != 0]  # numpy: ~5x a torch index
+        return int(valid.min()) if valid.size else int(self.version_GL.min())
 
     def staleness(self, learner_version: int) -> int:
         return learner_version - self.min_version
+
+    def row_bytes(self, values_GL: torch.Tensor) -> list[bytes]:
+        """Each completion's values on its mask (`values_GL[g][mask[g]]`) as raw bytes, the rows the trust checks
+        hash; in numpy, since a torch index per row cost ~20 us a group of 8."""
+        mask = self.completion_mask_GL.cpu().numpy() != 0
+        values = values_GL.detach().cpu().numpy()
+        return [values[g][mask[g]].tobytes() for g in range(self.size)]
 
 
 @dataclass

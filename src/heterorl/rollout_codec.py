@@ -145,12 +145,12 @@ def decode_group(data: bytes, limits: GroupLimits) -> RolloutGroup:
     if len(header["prompt"]) > MAX_PROMPT_CHARS_PER_TOKEN * max(P, 1) or len(header["answer"]) > MAX_ANSWER_CHARS:
         raise RolloutError(f"prompt of {len(header['prompt'])} characters for {P} tokens, or a long answer", "too_long")
     specs = _array_specs(P, G, L)
-    expected = offset + sum(int(np.prod(shape)) * 4 for _, _, shape in specs)
+    expected = offset + sum(math.prod(shape) * 4 for _, _, shape in specs)
     if len(data) != expected:
         raise RolloutError(f"message has {len(data)} bytes, its header declares {expected}")
     arrays: dict[str, np.ndarray] = {}
     for name, dtype, shape in specs:
-        count = int(np.prod(shape))
+        count = math.prod(shape)
         arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
         offset += count * 4
     lengths = torch.from_numpy(arrays["lengths"].astype(np.int64))
@@ -177,7 +177,8 @@ def decode_group(data: bytes, limits: GroupLimits) -> RolloutGroup:
 
 
 def validate_group(group: RolloutGroup, limits: GroupLimits) -> None:
-    """Check a group's content against what the learner accepts; raises RolloutError naming the problem."""
+    """Check a group's content against what the learner accepts; raises RolloutError naming the problem. The
+    checks run on numpy views of the tensors (a torch op on arrays this small costs several times a numpy one)."""
     G = group.completion_ids_GL.shape[0]
     if G < 1 or group.rewards_G.shape != (G,):
         raise RolloutError(f"group has {G} completions and {tuple(group.rewards_G.shape)} rewards", "invalid")
@@ -185,22 +186,27 @@ def validate_group(group: RolloutGroup, limits: GroupLimits) -> None:
         raise RolloutError(f"group size {G}, the learner expects {limits.group_size}", "group_size")
     if group.prompt_ids_P.numel() < 1:
         raise RolloutError("empty prompt", "invalid")
-    for name, ids in (("prompt", group.prompt_ids_P), ("completion", group.completion_ids_GL)):
-        if ids.numel() and (ids.min() < 0 or ids.max() >= limits.vocab_size):
+    for name, tensor in (("prompt", group.prompt_ids_P), ("completion", group.completion_ids_GL)):
+        ids = _host(tensor)
+        if ids.size and (ids.min() < 0 or ids.max() >= limits.vocab_size):
             raise RolloutError(f"{name} token id outside the vocabulary [0, {limits.vocab_size})", "out_of_vocab")
-    mask = group.completion_mask_GL.bool()
-    logp = group.behavior_logp_GL[mask]
+    mask = _host(group.completion_mask_GL) != 0
+    logp = _host(group.behavior_logp_GL.float())[mask]
     if not ((logp >= limits.min_logprob) & (logp <= 0)).all():  # NaN fails both comparisons
         raise RolloutError(
             f"behaviour log-probs must be in [{limits.min_logprob:g}, 0] on sampled tokens (what a sampler can emit)",
             "bad_logprobs",
         )
-    versions = group.version_GL[mask]
-    if versions.numel() and (versions.min() < 0 or versions.max() > limits.current_version):
+    versions = _host(group.version_GL)[mask]
+    if versions.size and (versions.min() < 0 or versions.max() > limits.current_version):
         low, high = int(versions.min()), int(versions.max())
         raise RolloutError(
             f"token versions in [{low}, {high}] are not in [0, {limits.current_version}]", "future_version"
         )
-    rewards = group.rewards_G
+    rewards = _host(group.rewards_G.float())
     if not ((rewards >= limits.min_reward) & (rewards <= limits.max_reward)).all():
         raise RolloutError(f"rewards must be in [{limits.min_reward:g}, {limits.max_reward:g}]", "bad_rewards")
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()

@@ -80,11 +80,10 @@ def tolerances_for(cfg: RunConfig) -> Tolerances:
 def fingerprint(group: RolloutGroup) -> bytes | None:
     """The group's content (prompt, completions and their log-prob bits, in any row order); None when all
     completions are equal."""
-    mask_GL = group.completion_mask_GL.bool()
-    ids = [group.completion_ids_GL[g][mask_GL[g]].numpy().tobytes() for g in range(group.size)]
+    ids = group.row_bytes(group.completion_ids_GL)
     if len(set(ids)) < 2:
         return None
-    logp = [group.behavior_logp_GL[g][mask_GL[g]].float().numpy().tobytes() for g in range(group.size)]
+    logp = group.row_bytes(group.behavior_logp_GL.float())
     rows = sorted(a + b for a, b in zip(ids, logp, strict=True))
     h = hashlib.blake2b(digest_size=16)
     h.update(group.prompt_ids_P.numpy().tobytes())

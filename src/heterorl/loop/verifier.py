@@ -77,12 +77,8 @@ class Check:
 
 def content(group: RolloutGroup) -> bytes:
     """The group's tokens: prompt ids, then each completion's ids (length-prefixed)."""
-    parts = [group.prompt_ids_P.numpy().tobytes()]
-    mask_GL = group.completion_mask_GL.bool()
-    for g in range(group.size):
-        row = group.completion_ids_GL[g][mask_GL[g]].numpy().tobytes()
-        parts.append(len(row).to_bytes(8, "little") + row)
-    return b"".join(parts)
+    rows = group.row_bytes(group.completion_ids_GL)
+    return b"".join([group.prompt_ids_P.numpy().tobytes(), *(len(row).to_bytes(8, "little") + row for row in rows)])
 
 
 def uniform_key(key: bytes, message: bytes, purpose: bytes) -> int:

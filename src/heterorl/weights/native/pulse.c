@@ -299,7 +299,8 @@ scan16_wide(const char *wb, const char *wn, size_t words, size_t first, Vec *pos
             int count = __builtin_popcount((unsigned)m);
             _mm512_storeu_si512((void *)(dd + n), _mm512_maskz_compress_epi16(m, _mm512_sub_epi16(y, x)));
             __m512i idx = _mm512_maskz_compress_epi16(m, lanes);
-            _mm512_storeu_si512((void *)(p + n), _mm512_add_epi64(_mm512_cvtepu16_epi64(_mm512_castsi512_si128(idx)), at));
+            __m512i first8 = _mm512_cvtepu16_epi64(_mm512_castsi512_si128(idx));
+            _mm512_storeu_si512((void *)(p + n), _mm512_add_epi64(first8, at));
             for (int q = 1; q < 4 && 8 * q < count; q++) /* more than 8 differ: rare at a few percent of changes */
                 _mm512_storeu_si512((void *)(p + n + 8 * q),
                                     _mm512_add_epi64(_mm512_cvtepu16_epi64(_mm512_extracti32x4_epi32(idx, q)), at));
@@ -601,7 +602,7 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
      * a list: they give the median, and each candidate is priced per distinct small value and per large one
      * instead of per sample element (a code stream's sample holds a few large codes among many 0s and 1s) */
     static __thread uint32_t dense_tls[4 * (SAMPLE * 2 + 2)];
-    uint32_t *dense = dense_tls; /* the thread's array looked up once (each use of dense_tls was a __tls_get_addr call) */
+    uint32_t *dense = dense_tls; /* looked up once: each use of dense_tls was a __tls_get_addr call */
     uint64_t cap = 4 * (uint64_t)total, large[SAMPLE * 2 + 2], top_small = 0;
     size_t n_large = 0, n_small;
     memset(dense, 0, (top < cap ? top + 1 : cap) * sizeof dense[0]);
