@@ -8,7 +8,6 @@ cache: gathering them from the whole tensor afterwards would be a second, random
 copied to a scratch buffer, patched and hashed. The tensor itself is read once and not written; `commit` then
 scatters the kept new values. Bytes touched per element of a bf16 tensor: 2 read by the chunk pass, plus the
 scatter's cache lines at commit (~60% of them at 3% changes), against a plain copy's 2 read + 2 written.
-`digests` can hash the chunk as it is too (the base digest), in the same pass.
 
 Changes may come as several sorted, disjoint runs (v2 decodes one per magnitude class) over a group of
 consecutive tensors (a v2 segment); they are grouped by (tensor, chunk) with one radix sort of the chunk keys,
@@ -41,7 +40,7 @@ class TensorChanges:
     local: np.ndarray  # int64 positions in the tensor, chunk by chunk (sorted within a chunk for sorted runs)
     delta: np.ndarray  # wrapped differences, same order
     cuts: list[int]  # len(chunks) + 1 offsets into local / delta
-    new: np.ndarray  # new bits at `local` (filled by `digests`)
+    new: np.ndarray  # new bits at `local` (filled by `result_digest`)
 
     @property
     def chunk(self) -> int:
@@ -114,25 +113,19 @@ def _stage_grouped(views: Sequence[np.ndarray], runs: Sequence[tuple[np.ndarray,
     return out
 
 
-def digests(tc: TensorChanges, base: bool = True, result: bool = True) -> tuple[bytes | None, bytes | None]:
-    """(digest of the tensor now, digest after the changes) in one chunked pass; a digest not asked for is None.
-    Asking for the result fills `tc.new`. The compiled kernel (one loop per tensor) when enabled."""
+def result_digest(tc: TensorChanges) -> bytes:
+    """The tensor's digest after the changes, in one chunked pass that also fills `tc.new`. The compiled kernel
+    (one loop per tensor) when enabled."""
     view, chunk = tc.view, tc.chunk
     if native.enabled():
-        return native.stage_digests(view, tc.local, tc.delta, tc.new, chunk, base, result)
-    base_h = xxhash.xxh3_128() if base else None
-    result_h = xxhash.xxh3_128() if result else None
-    if not tc.count:  # the same bytes: one digest serves both
-        digest = xxhash.xxh3_128(view).digest()
-        return (digest if base else None), (digest if result else None)
-    scratch = np.empty(min(chunk, view.size), view.dtype) if result else None
+        return native.stage_digest(view, tc.local, tc.delta, tc.new, chunk)
+    if not tc.count:  # the same bytes
+        return xxhash.xxh3_128(view).digest()
+    result_h = xxhash.xxh3_128()
+    scratch = np.empty(min(chunk, view.size), view.dtype)
     cuts = tc.cuts
     for i, start in enumerate(range(0, view.size, chunk)):
         part = view[start : start + chunk]
-        if base_h is not None:
-            base_h.update(part)
-        if result_h is None:
-            continue
         lo, hi = cuts[i], cuts[i + 1]
         if lo == hi:
             result_h.update(part)
@@ -141,15 +134,15 @@ def digests(tc: TensorChanges, base: bool = True, result: bool = True) -> tuple[
         new = tc.new[lo:hi]
         np.take(part, idx, out=new)
         new += tc.delta[lo:hi]  # exact: unsigned arithmetic wraps mod 2^width
-        buf = scratch[: part.size]  # type: ignore[index]
+        buf = scratch[: part.size]
         np.copyto(buf, part)
         buf[idx] = new
         result_h.update(buf)
-    return (None if base_h is None else base_h.digest()), (None if result_h is None else result_h.digest())
+    return result_h.digest()
 
 
 def commit(tc: TensorChanges) -> None:
-    """Write the new values (after `digests` computed them and everything was checked)."""
+    """Write the new values (after `result_digest` computed them and everything was checked)."""
     if tc.count and native.enabled():
         native.scatter(tc.view, tc.local, tc.new)
     elif tc.count:
@@ -189,7 +182,7 @@ def prepare(units: Sequence[Unit], views: Sequence[np.ndarray], workers: int) ->
     def run(unit: Unit, threads: int) -> None:
         tcs = stage(views[unit.first : unit.first + unit.size], unit.decode(threads))
         for j, tc in enumerate(tcs):
-            changes[unit.first + j], result[unit.first + j] = tc, digests(tc, base=False)[1]
+            changes[unit.first + j], result[unit.first + j] = tc, result_digest(tc)
 
     if workers <= 1:
         for unit in units:

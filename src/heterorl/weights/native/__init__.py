@@ -137,14 +137,9 @@ def set_pool_limit(nbytes: int) -> int:
 
 
 # --- staged decode
-def stage_digests(
-    view: np.ndarray, local: np.ndarray, delta: np.ndarray, new: np.ndarray, chunk: int, base: bool, result: bool
-) -> tuple[bytes | None, bytes | None]:
-    """staged.digests's chunk pass (positions grouped by chunk); a digest not asked for is None."""
-    db, dr = _checked(
-        "staged changes", _pulse.stage_digests, view, view.itemsize, local, delta, new, chunk, base, result
-    )
-    return (db if base else None), (dr if result else None)
+def stage_digest(view: np.ndarray, local: np.ndarray, delta: np.ndarray, new: np.ndarray, chunk: int) -> bytes:
+    """staged.result_digest's chunk pass (positions grouped by chunk)."""
+    return _checked("staged changes", _pulse.stage_digest, view, view.itemsize, local, delta, new, chunk)
 
 
 def scatter(view: np.ndarray, local: np.ndarray, new: np.ndarray) -> None:

@@ -1185,36 +1185,33 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------------------ staged */
-PyDoc_STRVAR(stage_digests_doc,
-             "stage_digests(view, itemsize, positions, differences, new_out, chunk, want_base, want_result) -> "
-             "(base digest, result digest)\n\nOne chunked pass over a tensor's bits: the base digest of each chunk "
-             "as it is, then the chunk copied to a scratch buffer, its changed elements set to base + difference "
-             "(also written to new_out) and hashed (the result digest). Positions must be grouped by chunk in "
-             "chunk order and lie in the tensor. A digest not asked for is b''.");
+PyDoc_STRVAR(stage_digest_doc,
+             "stage_digest(view, itemsize, positions, differences, new_out, chunk) -> result digest\n\nOne chunked "
+             "pass over a tensor's bits: each chunk copied to a scratch buffer, its changed elements set to base + "
+             "difference (also written to new_out), and hashed: the digest the tensor would have after the changes. "
+             "Positions must be grouped by chunk in chunk order and lie in the tensor.");
 
-static PyObject *py_stage_digests(PyObject *self, PyObject *args) {
+static PyObject *py_stage_digest(PyObject *self, PyObject *args) {
     Py_buffer vb, pb, db, ob;
-    int itemsize, want_base, want_result;
+    int itemsize;
     Py_ssize_t chunk;
-    if (!PyArg_ParseTuple(args, "y*iy*y*w*npp", &vb, &itemsize, &pb, &db, &ob, &chunk, &want_base, &want_result))
-        return NULL;
+    if (!PyArg_ParseTuple(args, "y*iy*y*w*n", &vb, &itemsize, &pb, &db, &ob, &chunk)) return NULL;
     PyObject *out = NULL;
-    XXH3_state_t *sb = XXH3_createState(), *sr = XXH3_createState();
+    XXH3_state_t *sr = XXH3_createState();
     char *scratch = NULL;
     size_t scratch_cap = 0;
     if (check_itemsize(itemsize)) goto done;
     size_t n = (size_t)vb.len / itemsize, count = (size_t)pb.len / 8;
     if (vb.len % itemsize || pb.len % 8 || (size_t)db.len != count * itemsize || (size_t)ob.len != count * itemsize ||
         chunk <= 0) {
-        PyErr_SetString(PyExc_ValueError, "stage_digests: sizes do not fit");
+        PyErr_SetString(PyExc_ValueError, "stage_digest: sizes do not fit");
         goto done;
     }
     scratch = pool_get((size_t)chunk * itemsize, &scratch_cap);
-    if (sb == NULL || sr == NULL || scratch == NULL) {
+    if (sr == NULL || scratch == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    XXH3_128bits_reset(sb);
     XXH3_128bits_reset(sr);
     const char *view = vb.buf;
     const int64_t *pos = pb.buf;
@@ -1222,23 +1219,17 @@ static PyObject *py_stage_digests(PyObject *self, PyObject *args) {
     char *nv = ob.buf;
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS;
-    if (count == 0 && want_base && want_result) { /* the same bytes: one digest serves both */
-        HASH_UPDATE(sb, view, n * itemsize);
-        HASH_UPDATE(sr, view, n * itemsize);
-    } else {
-        size_t j = 0;
-        for (size_t start = 0; start < n; start += (size_t)chunk) {
-            size_t end = n - start < (size_t)chunk ? n : start + (size_t)chunk, len = (end - start) * itemsize;
-            const char *part = view + start * itemsize;
-            if (want_base) HASH_UPDATE(sb, part, len);
-            if (!want_result) continue;
-            size_t j0 = j;
-            while (j < count && pos[j] >= (int64_t)start && pos[j] < (int64_t)end) j++;
-            if (j == j0) {
-                HASH_UPDATE(sr, part, len);
-                continue;
-            }
-            memcpy(scratch, part, len);
+    size_t j = 0;
+    for (size_t start = 0; start < n; start += (size_t)chunk) {
+        size_t end = n - start < (size_t)chunk ? n : start + (size_t)chunk, len = (end - start) * itemsize;
+        const char *part = view + start * itemsize;
+        size_t j0 = j;
+        while (j < count && pos[j] >= (int64_t)start && pos[j] < (int64_t)end) j++;
+        if (j == j0) {
+            HASH_UPDATE(sr, part, len);
+            continue;
+        }
+        memcpy(scratch, part, len);
 #define PATCH_LOOP(T)                                                                                              \
     for (size_t t = j0; t < j; t++) {                                                                              \
         size_t i = (size_t)pos[t] - start;                                                                         \
@@ -1246,30 +1237,24 @@ static PyObject *py_stage_digests(PyObject *self, PyObject *args) {
         ((T *)nv)[t] = v;                                                                                          \
         ((T *)scratch)[i] = v;                                                                                     \
     }
-            switch (itemsize) {
-            case 2: PATCH_LOOP(uint16_t) break;
-            case 4: PATCH_LOOP(uint32_t) break;
-            case 1: PATCH_LOOP(uint8_t) break;
-            default: PATCH_LOOP(uint64_t) break;
-            }
-#undef PATCH_LOOP
-            HASH_UPDATE(sr, scratch, len);
+        switch (itemsize) {
+        case 2: PATCH_LOOP(uint16_t) break;
+        case 4: PATCH_LOOP(uint32_t) break;
+        case 1: PATCH_LOOP(uint8_t) break;
+        default: PATCH_LOOP(uint64_t) break;
         }
-        bad = want_result && j != count;
+#undef PATCH_LOOP
+        HASH_UPDATE(sr, scratch, len);
     }
+    bad = j != count;
     Py_END_ALLOW_THREADS;
     if (bad) {
         PyErr_SetString(CodecError, "changed positions are not grouped by chunk within the tensor");
         goto done;
     }
-    PyObject *hb = want_base ? digest_bytes(sb) : PyBytes_FromStringAndSize(NULL, 0);
-    PyObject *hr = want_result ? digest_bytes(sr) : PyBytes_FromStringAndSize(NULL, 0);
-    if (hb && hr) out = PyTuple_Pack(2, hb, hr);
-    Py_XDECREF(hb);
-    Py_XDECREF(hr);
+    out = digest_bytes(sr);
 done:
     pool_put(scratch, scratch_cap);
-    XXH3_freeState(sb);
     XXH3_freeState(sr);
     PyBuffer_Release(&vb);
     PyBuffer_Release(&pb);
@@ -1846,7 +1831,7 @@ static PyMethodDef methods[] = {
     {"decode_positions", py_decode_positions, METH_VARARGS, decode_positions_doc},
     {"decode_diffs", py_decode_diffs, METH_VARARGS, decode_diffs_doc},
     {"dense_decode", py_dense_decode, METH_VARARGS, dense_decode_doc},
-    {"stage_digests", py_stage_digests, METH_VARARGS, stage_digests_doc},
+    {"stage_digest", py_stage_digest, METH_VARARGS, stage_digest_doc},
     {"scatter", py_scatter, METH_VARARGS, scatter_doc},
     {"class_split", py_class_split, METH_VARARGS, class_split_doc},
     {"class_merge", py_class_merge, METH_VARARGS, class_merge_doc},
