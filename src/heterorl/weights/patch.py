@@ -14,10 +14,9 @@ Either way the result is bit-identical and cannot drift: the arithmetic is integ
 result hash is checked on scratch memory before the weights are touched. The result hash covers every element,
 so it matches only if the receiver held the patch's base (an element that differed there would differ in the
 result) and every change decoded as it was coded; the base hash is computed when a check fails, to say which of
-the two went wrong. Multi-step
-merges add differences at shared positions (mod 2^width), which is exactly "newest value wins", and drop
-positions that changed back. A v2 patch can only be decoded against its base, so merges work on v1 patches and
-`recode_patch` turns a (merged) v1 patch into v2 given the weights it produces.
+the two went wrong. Multi-step merges add differences at shared positions (mod 2^width), which is exactly
+"newest value wins", and drop positions that changed back. A v2 patch can only be decoded against its base, so
+merges work on v1 patches and `recode_patch` turns a (merged) v1 patch into v2 given the weights it produces.
 """
 
 from __future__ import annotations
