@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import xxhash
 
 from heterorl.weights import ctxpatch, dense, hashing, plain, staged
 from heterorl.weights.diffscan import int_view, scan_cpu, scan_device
@@ -389,18 +388,18 @@ def apply_patch(weights: StateDict, patch: Blobish, *, workers: int = 1) -> None
     try:
         verified = staged.prepare(units, views, workers)
     except PatchError:
-        _check_base(header.base_hash, names, weights, views)  # a v2 patch decoded against another base, most likely
+        _check_base(header.base_hash, weights)  # a v2 patch decoded against another base, most likely
         raise
     result = _combine(names, weights, verified.result_digests)
     if result != header.result_hash:
-        _check_base(header.base_hash, names, weights, views)
+        _check_base(header.base_hash, weights)
         raise PatchError(f"patched weights would hash to {result}, the patch promises {header.result_hash}")
     staged.commit_all(verified.changes, workers)
 
 
-def _check_base(base_hash: str, names: Sequence[str], weights: StateDict, views: Sequence[np.ndarray]) -> None:
+def _check_base(base_hash: str, weights: StateDict) -> None:
     """PatchError naming the weights' hash if it is not the patch's base (a failed apply's likeliest cause)."""
-    held = _combine(names, weights, [xxhash.xxh3_128(v).digest() for v in views])
+    held = hashing.state_hash(weights)
     if held != base_hash:
         raise PatchError(f"patch applies to base {base_hash} but the weights hash to {held}")
 
