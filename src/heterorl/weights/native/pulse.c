@@ -668,6 +668,11 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
     return best_k;
 }
 
+/* Escape e of a stream's `escapes`: the high field h written across its `ew` byte planes (plane j holds byte j). */
+static inline void put_escape(uint8_t *es, size_t escapes, int ew, size_t e, uint64_t h) {
+    for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));
+}
+
 /* The escape planes of a value stream (kind 0): h = (x >> k) - ESCAPE of every x >= limit, in order, as `ew` byte
  * planes of `escapes` bytes. For 16-bit (32-bit) values a mask of 32 (16) elements at a time (SSE2: a biased
  * signed compare, movemask), then one iteration per escape: a branch per element mispredicted on every escape (a
@@ -690,9 +695,7 @@ static size_t write_escapes(const void *src, int itemsize, size_t count, uint64_
                 int l = __builtin_ctzll(mask) >> 1;
                 mask &= mask - 1;
                 mask &= mask - 1;
-                uint64_t h = ((uint64_t)v[i + l] >> k) - ESCAPE;
-                for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));
-                e++;
+                put_escape(es, escapes, ew, e++, ((uint64_t)v[i + l] >> k) - ESCAPE);
             }
         }
     }
@@ -709,9 +712,7 @@ static size_t write_escapes(const void *src, int itemsize, size_t count, uint64_
             while (mask) {
                 int l = __builtin_ctz(mask);
                 mask &= mask - 1;
-                uint64_t h = ((uint64_t)v[i + l] >> k) - ESCAPE;
-                for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));
-                e++;
+                put_escape(es, escapes, ew, e++, ((uint64_t)v[i + l] >> k) - ESCAPE);
             }
         }
     }
@@ -719,9 +720,7 @@ static size_t write_escapes(const void *src, int itemsize, size_t count, uint64_
     for (; i < count; i++) {
         uint64_t x = load_item(src, i, itemsize);
         if (x < limit) continue;
-        uint64_t h = (x >> k) - ESCAPE;
-        for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));
-        e++;
+        put_escape(es, escapes, ew, e++, (x >> k) - ESCAPE);
     }
     return e;
 }
@@ -793,7 +792,7 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
      * element); ~15% of encode_uints' time */
 #define COUNT_LOOP(KIND, ISZ)                                                                                      \
     for (size_t i = 0; i < count; i++) {                                                                           \
-        uint64_t x = stream_value(src, i, ISZ, KIND);                                                           \
+        uint64_t x = stream_value(src, i, ISZ, KIND);                                                              \
         int over = x >= limit;                                                                                     \
         uint64_t h = over ? (x >> k) - ESCAPE : 0;                                                                 \
         escapes += (size_t)over;                                                                                   \
@@ -842,9 +841,9 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     /* A value stream split below its first byte (dense.py's codes of every element: mostly 0-4): one packed byte of
      * PER symbols at a time, no lo planes, the escapes in a second pass when there are any -- straight-line code
      * the compiler vectorizes, where the general loop below ORs each symbol into its byte (~3 ns per value). */
-#define PACK_SMALL(T, A, PER) /* A: the arithmetic's type (int for narrow values: SSE2 compares ints) */         \
+#define PACK_SMALL(T, A, PER) /* A: the arithmetic's type (int for narrow values: SSE2 compares ints) */           \
     do {                                                                                                           \
-        const T *v = (const T *)src;                                                                            \
+        const T *v = (const T *)src;                                                                               \
         const A cap = (A)((unsigned)ESCAPE << r), low = (A)rmask; /* the symbols fit a byte */                     \
         const int shift = r + 2;                                                                                   \
         size_t full = count / (PER);                                                                               \
@@ -860,7 +859,7 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
             uint64_t x = v[i], sym = (x & rmask) | cap;                                                            \
             pk[i / (PER)] |= (uint8_t)((x < sym ? x : sym) << ((r + 2) * (i % (PER))));                            \
         }                                                                                                          \
-        if (escapes) e = write_escapes(src, sizeof(T), count, limit, k, es, escapes, ew);                       \
+        if (escapes) e = write_escapes(src, sizeof(T), count, limit, k, es, escapes, ew);                          \
     } while (0)
 #define PACK_SMALL_WIDTH(PER)                                                                                      \
     switch (itemsize) {                                                                                            \
@@ -878,17 +877,13 @@ static PyObject *py_encode_uints(PyObject *self, PyObject *args) {
     /* one loop per (kind, width), so that the value's computation is straight-line code */
 #define ENCODE_LOOP(KIND, ISZ)                                                                                     \
     for (size_t i = 0; i < count; i++) {                                                                           \
-        uint64_t x = stream_value(src, i, ISZ, KIND);                                                           \
-        for (int j = 0; j < n_lo; j++) lo[j * count + i] = (uint8_t)(x >> (8 * j));                               \
+        uint64_t x = stream_value(src, i, ISZ, KIND);                                                              \
+        for (int j = 0; j < n_lo; j++) lo[j * count + i] = (uint8_t)(x >> (8 * j));                                \
         uint64_t y = x >> (8 * n_lo);                                                                              \
         uint64_t sym = (y & rmask) | ((uint64_t)ESCAPE << r);                                                      \
         if (y < sym) sym = y;                                                                                      \
         pk[i >> pshift] |= (uint8_t)(sym << ((r + 2) * (i & (per - 1))));                                          \
-        if (x >= limit) {                                                                                          \
-            uint64_t h = (x >> k) - ESCAPE;                                                                        \
-            for (int j = 0; j < ew; j++) es[j * escapes + e] = (uint8_t)(h >> (8 * j));                            \
-            e++;                                                                                                   \
-        }                                                                                                          \
+        if (x >= limit) put_escape(es, escapes, ew, e++, (x >> k) - ESCAPE);                                       \
     }
     else switch (kind * 16 + itemsize) {
     case 16 + 8: ENCODE_LOOP(1, 8) break;
