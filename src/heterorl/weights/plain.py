@@ -5,8 +5,8 @@ as the exact integer difference new_bits - base_bits modulo 2^width, zigzagged a
 never has difference 0). An Adam step moves a changed bf16 weight by one ULP, i.e. +-1 in its bits, so values
 cost ~1 bit instead of 16. Both streams go through `intcode` and one zstd frame: [gap parts][value parts],
 coded without match finding (`intcode.compressor(literals=True)`): the parts are near-iid symbols, on which
-zstd's short matches cost more than they save (measured: 0.4-0.9% fewer bytes and 4-7% less encode CPU on the
-synthetic, Qwen3 and noise steps of benchmarks/codec_speed.py).
+zstd's short matches cost more than they save (measured 2026-11-28 by encoding heterorl.bench.steps' synthetic,
+Qwen3 and noise steps both ways: 0.4-0.9% fewer bytes, 4-7% less encode CPU).
 This is the layout of format version 1, and of every tensor of a v2 patch that has a single class.
 
 A v1 tensor most of whose elements changed is coded dense instead (`"layout": "dense"`, dense.py): no gap
