@@ -9,6 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from heterorl.bench.steps import step_pair
 from heterorl.weights import PatchError, apply_patch, encode_patch, native
 from heterorl.weights.classes import members
 from heterorl.weights.diffscan import scan_numpy
@@ -235,15 +236,23 @@ def test_staged_kernel_refuses_positions_outside_their_chunks():
         result_digest(tc)
 
 
+@pytest.mark.parametrize("wide", WIDTHS)
 @settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 4]), st.integers(1, 6), st.sampled_from([0.0, 0.02, 0.5]))
-def test_class_passes_equal_the_reference(seed, itemsize, n_bounds, rate):
+@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 4]), st.integers(1, 15), st.sampled_from([0.0, 0.02, 0.5, 1.0]))
+def test_class_passes_equal_the_reference(wide, seed, itemsize, n_bounds, rate):
     """class_split gives each class's members and changed ranks as `classes.members` does; class_merge turns them
-    back into the sorted changes and checks member counts and top-class membership."""
+    back into the sorted changes and checks member counts and top-class membership. Up to 15 bounds (the AVX-512
+    loops count classes 8 to a vector) and segments of a few blocks of 4,096 elements."""
+    _skip_unless_wide(wide)
+    with native.wide(wide):
+        _class_passes_match(seed, itemsize, n_bounds, rate)
+
+
+def _class_passes_match(seed: int, itemsize: int, n_bounds: int, rate: float) -> None:
     rng = np.random.default_rng(seed)
     dtype = UINT[itemsize]
     mask = (1 << (8 * itemsize - 1)) - 1
-    n = int(rng.integers(1, 5000))
+    n = int(rng.integers(1, 13000))
     base = (rng.normal(0, 0.02, n).astype(np.float32).view(np.uint32) >> (16 if itemsize == 2 else 0)).astype(dtype)
     mags = np.sort(np.unique(base & dtype(mask)))
     drawn = rng.choice(mags[1:], min(n_bounds, mags.size - 1)) if mags.size > 1 else []
@@ -317,6 +326,23 @@ def test_patch_bytes_are_identical_with_classes(pair):
     assert got == ref
     weights = clone(base)
     apply_patch(weights, ref[1])
+    assert bits_equal(weights, new)
+
+
+@pytest.mark.parametrize("wide", WIDTHS)
+@pytest.mark.parametrize("step", ["noise", "synthetic"])
+def test_both_loops_decode_an_optimizer_step(wide, step):
+    """A v2 round trip of a 400K-parameter step with the AVX-512 loops and with the baseline, bytes equal to the
+    numpy reference's: bf16 segments of hundreds of thousands of elements (many blocks of the class passes) and
+    the class counts of a real step."""
+    _skip_unless_wide(wide)
+    base, new = step_pair(step, 400_000, 1e-5)
+    with native.wide(wide):
+        patch = encode_patch(base, new, context=True, workers=1)
+        weights = clone(base)
+        apply_patch(weights, patch, workers=1)
+    with native.use(False):
+        assert encode_patch(base, new, context=True) == patch
     assert bits_equal(weights, new)
 
 
