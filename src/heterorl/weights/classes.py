@@ -243,13 +243,10 @@ def choose_bounds(
         best[j] = totals[arg[j], np.arange(width + 1)]
     # the top class [a, width) closes the split
     below_n = np.concatenate([[0.0], np.cumsum(n_e)])
-    finals = [
-        (best[j][a] + cost.top[a], j, a)
-        for j in range(max_classes)
-        for a in range(width)
-        if best[j][a] < inf and below_n[a] <= max_below * n
-    ]
-    _, j, a = min(finals)
+    finals = best[:max_classes, :width] + cost.top[None, :width]  # [j, a]: j classes below a top class [a, width)
+    finals[:, below_n[:width] > max_below * n] = inf
+    j, a = (int(i) for i in np.unravel_index(int(np.argmin(finals)), finals.shape))  # the first minimum: fewest
+    # classes, then the lowest top bound
     bounds = []
     while j > 0:
         bounds.append(a)
@@ -275,18 +272,24 @@ def _h(k: np.ndarray, n: np.ndarray) -> np.ndarray:
     return n * ent
 
 
+def _xlog2x(x: np.ndarray) -> np.ndarray:
+    """x log2 x elementwise for counts x >= 0 (0 at 0)."""
+    return x * np.log2(np.maximum(x, 1.0))
+
+
 def _segment_costs(n_e: np.ndarray, k_e: np.ndarray, hist: np.ndarray, n: int) -> _Costs:
+    """Costs of every bin range [a, b). A range's value bits are its changes' empirical entropy from its
+    histogram h (total k): -sum_v h_v log2(h_v / k) = k log2 k - sum_v h_v log2 h_v, so each cell needs one
+    log2 and no division; value bins that no change falls in are left out (they add nothing)."""
     width = n_e.size
+    hist = hist[:, hist.any(axis=0)]
     cn = np.concatenate([[0.0], np.cumsum(n_e)])
     ck = np.concatenate([[0.0], np.cumsum(k_e)])
     ch = np.concatenate([np.zeros((1, hist.shape[1])), np.cumsum(hist, axis=0)])
     seg_n = cn[None, :] - cn[:, None]  # [a, b]
     seg_k = ck[None, :] - ck[:, None]
-    seg_h = ch[None, :, :] - ch[:, None, :]  # [a, b, bin]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        tot = seg_h.sum(axis=2)
-        p = seg_h / np.where(tot > 0, tot, 1.0)[:, :, None]
-        value_bits = -(seg_h * np.log2(np.where(p > 0, p, 1.0))).sum(axis=2)
+    seg_h = ch[None, :, :] - ch[:, None, :]  # [a, b, bin]; negative below the diagonal, where costs are inf
+    value_bits = _xlog2x(seg_k) - _xlog2x(seg_h).sum(axis=2)
     below = _h(seg_k, seg_n) + value_bits + CLASS_COST_BITS
     below[1:, :] += SPLIT_COST_BITS * cn[None, :]  # a class above the lowest is split off the set below its top
     idx = np.arange(width + 1)
