@@ -3,6 +3,8 @@ decoded results, the same refusals, kernel by kernel and end to end."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -218,7 +220,7 @@ def test_staged_digest_and_commit_equal_the_reference(pair):
     for flag in (False, True):
         with native.use(flag):
             view = base.copy()
-            (tc,) = stage([view], [(pos, delta)] if pos.size else [])
+            tc = stage(view, [(pos, delta)] if pos.size else [])
             digest = result_digest(tc)
             assert np.array_equal(view, base)  # nothing written before the commit
             commit(tc)
@@ -259,7 +261,11 @@ def _class_passes_match(seed: int, itemsize: int, n_bounds: int, rate: float) ->
     bounds = sorted({int(b) for b in drawn} - {0}) or [1]
     pos = np.flatnonzero(rng.random(n) < rate).astype(np.int64)
     codes = rng.integers(0, 5, pos.size).astype(dtype)
-    n_members, ranks, class_codes, top_pos, top_codes = native.class_split(base, mask, bounds, pos, codes)
+    cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(0, 4))))  # the segment as 1-4 tensors
+    offsets = np.concatenate(([0], cuts, [n]))
+    parts = [base[lo:hi] for lo, hi in itertools.pairwise(offsets)]
+    counts = np.diff(np.searchsorted(pos, offsets)).tolist()
+    n_members, ranks, class_codes, top_pos, top_codes = native.class_split(parts, mask, bounds, pos, codes)
     changed = np.zeros(n, np.bool_)
     changed[pos] = True
     want = members(base, mask, bounds, changed)
@@ -269,33 +275,29 @@ def _class_passes_match(seed: int, itemsize: int, n_bounds: int, rate: float) ->
     in_top = (base[pos] & dtype(mask)) >= bounds[-1]
     assert np.array_equal(top_pos, pos[in_top])
     assert np.array_equal(top_codes, codes[in_top])
-    merged_pos, merged = native.class_merge(
-        base, mask, bounds, n_members, list(zip(ranks, class_codes, strict=True)), (top_pos, top_codes), "t"
-    )
-    assert np.array_equal(merged_pos, pos)
-    assert np.array_equal(merged, codes)
+    runs = list(zip(ranks, class_codes, strict=True))
+
+    def merge(members_C=n_members, top=(top_pos, top_codes), per_part=counts):  # type: ignore[no-untyped-def]
+        return native.class_merge(parts, mask, bounds, members_C, runs, top, per_part, "t")
+
+    for (got_pos, got), lo, hi in zip(merge(), offsets[:-1], offsets[1:], strict=True):
+        inside = (pos >= lo) & (pos < hi)
+        assert np.array_equal(got_pos, pos[inside] - lo)
+        assert np.array_equal(got, codes[inside])
     with pytest.raises(PatchError, match="member count"):
-        native.class_merge(
-            base,
-            mask,
-            bounds,
-            [m + 1 for m in n_members],
-            list(zip(ranks, class_codes, strict=True)),
-            (top_pos, top_codes),
-            "t",
-        )
+        merge(members_C=[m + 1 for m in n_members])
+    if pos.size:  # one change moved to another tensor, or one more than its tensor has
+        moved = list(counts)
+        giver = next(i for i, c in enumerate(counts) if c)
+        moved[giver] -= 1
+        moved[(giver + 1) % len(moved)] += 1
+        with pytest.raises(PatchError, match="changes per tensor"):
+            merge(per_part=moved if len(moved) > 1 else [counts[0] + 1])
     below = np.flatnonzero((base & dtype(mask)) < bounds[-1])
     if below.size:
+        fake = np.sort(np.concatenate([pos[~in_top], below[:1]]))  # a small weight posing as a top-class change
         with pytest.raises(PatchError, match="not in the top class"):
-            native.class_merge(
-                base,
-                mask,
-                bounds,
-                n_members,
-                list(zip(ranks, class_codes, strict=True)),
-                (np.array([below[0]], np.int64), np.ones(1, dtype)),
-                "t",
-            )
+            merge(top=(below[:1], np.ones(1, dtype)), per_part=np.diff(np.searchsorted(fake, offsets)).tolist())
 
 
 def _both(base, new):  # type: ignore[no-untyped-def]

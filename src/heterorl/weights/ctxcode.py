@@ -21,6 +21,7 @@ entries {"n": count, "m": members (below the top only; checked against the recei
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,7 +117,7 @@ class SegmentCode:
 
 # --- encode
 def encode_segment(
-    base: np.ndarray | torch.Tensor,
+    base: Sequence[np.ndarray] | torch.Tensor,
     pos_K: np.ndarray,
     delta_K: np.ndarray,
     dtype: torch.dtype,
@@ -125,35 +126,38 @@ def encode_segment(
 ) -> tuple[dict[str, Any], bytes]:
     """Header fields (count, bounds, classes, raw_nbytes) and zstd frame of one segment's changes.
 
-    base: the segment's base bits, a host array (unsigned view) or a tensor on the weights' device (signed
-    integer view: the class work then runs there with torch ops); pos_K: sorted changed positions; delta_K:
-    wrapped differences (host arrays). Both kinds of base give the same bytes.
+    base: the segment's base bits, host arrays (unsigned views of its tensors, in order: the segment is their
+    concatenation) or one tensor on the weights' device (signed integer view: the class work then runs there with
+    torch ops); pos_K: sorted changed positions in the segment; delta_K: wrapped differences (host arrays). Both
+    kinds of base give the same bytes.
     """
     count = int(pos_K.size)
     if count == 0:
         return {"count": 0, "bounds": [], "classes": [], "raw_nbytes": 0}, b""
-    n = base.size if isinstance(base, np.ndarray) else base.numel()
+    host = not isinstance(base, torch.Tensor)
+    n = sum(p.size for p in base) if host else base.numel()  # type: ignore[union-attr]
     codes_K = zigzag_minus_one(delta_K)
     mask = magnitude_mask(dtype)
     bounds: list[int] = []
     if mask is not None and n >= MIN_CLASS_NUMEL:
-        sample_mag, mag_K = _magnitudes_for_bounds(base, pos_K, mask)
+        sample_mag, mag_K = _magnitudes_for_bounds(base, n, pos_K, mask)
         max_below = 1.0 if n <= SMALL_SEGMENT else min(MAX_BELOW_DENSE, max(MAX_BELOW, 3 * count / n))
         bounds = choose_bounds(sample_mag, n, mag_K, codes_K, MANTISSA_BITS[dtype], MAX_CLASSES, max_below)
     parts: list[np.ndarray] = []
     specs: list[ClassSpec] = []
     pos_top, codes_top = pos_K, codes_K
-    if native.enabled() and isinstance(base, np.ndarray):  # the compiled class pass: one loop over the base
+    if native.enabled() and host:  # the compiled class pass: one loop over the base
         if bounds:
             assert mask is not None
-            members_C, ranks_C, codes_C, pos_top, codes_top = native.class_split(base, mask, bounds, pos_K, codes_K)
+            members_C, ranks_C, codes_C, pos_top, codes_top = native.class_split(base, mask, bounds, pos_K, codes_K)  # type: ignore[arg-type]
             for ranks, n_members, codes in zip(ranks_C, members_C, codes_C, strict=True):
                 specs.append(_encode_ranks(ranks, n_members, codes, parts))
         specs.append(_encode_ranks(pos_top, n, codes_top, parts))
     elif bounds:
         assert mask is not None
+        flat = (np.concatenate(base) if len(base) > 1 else base[0]) if host else base  # type: ignore[arg-type]
         cls_K = np.searchsorted(np.asarray(bounds, mag_K.dtype), mag_K, side="right")
-        for c, flags in enumerate(_class_flags(base, mask, bounds, pos_K, workers)):
+        for c, flags in enumerate(_class_flags(flat, mask, bounds, pos_K, workers)):  # type: ignore[arg-type]
             codes_C = np.take(codes_K, np.flatnonzero(cls_K == c))
             specs.append(_encode_class(flags, None, codes_C, parts))
         top = np.flatnonzero(cls_K == len(bounds))
@@ -170,13 +174,18 @@ def encode_segment(
 
 
 def _magnitudes_for_bounds(
-    base: np.ndarray | torch.Tensor, pos_K: np.ndarray, mask: int
+    base: Sequence[np.ndarray] | torch.Tensor, n: int, pos_K: np.ndarray, mask: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """(|bits| of the strided sample, |bits| of the changed elements) as host unsigned arrays."""
-    n = base.size if isinstance(base, np.ndarray) else base.numel()
+    """(|bits| of the strided sample, |bits| of the changed elements) as host unsigned arrays. Host parts give the
+    sample of their concatenation: part i, at segment offset o_i, holds the sample's elements from local index
+    (-o_i) mod stride on."""
     stride = sample_stride(n)
-    if isinstance(base, np.ndarray):
-        return magnitudes(np.ascontiguousarray(base[::stride]), mask), magnitudes(np.take(base, pos_K), mask)
+    if not isinstance(base, torch.Tensor):
+        offsets = np.cumsum([0] + [p.size for p in base])
+        sample = np.concatenate([p[(-int(o)) % stride :: stride] for p, o in zip(base, offsets[:-1], strict=True)])
+        cuts = np.searchsorted(pos_K, offsets)
+        changed = [np.take(p, pos_K[cuts[i] : cuts[i + 1]] - offsets[i]) for i, p in enumerate(base)]
+        return magnitudes(sample, mask), magnitudes(np.concatenate(changed) if len(changed) > 1 else changed[0], mask)
     unsigned = UINT[base.element_size()]
     sample = (base[::stride] & mask).cpu().numpy().view(unsigned)
     changed = (base[torch.from_numpy(pos_K).to(base.device)] & mask).cpu().numpy().view(unsigned)
@@ -336,19 +345,52 @@ def _ranks(spec: ClassSpec, buf_U: np.ndarray, what: str) -> np.ndarray:
 
 
 def decode_segment(
-    code: SegmentCode, frame: memoryview, base_U: np.ndarray | None, what: str, workers: int = 1
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """A segment's changes given its base bits (needed only when it has classes, i.e. bounds): one (sorted
-    positions int64, wrapped differences) run per class that changed; runs are disjoint."""
-    code_width = code.dtype.itemsize
-    value_dtype = UINT[code_width]
+    code: SegmentCode,
+    frame: memoryview,
+    parts: Sequence[np.ndarray],
+    counts: Sequence[int],
+    what: str,
+    workers: int = 1,
+) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """A segment's changes given its tensors' base bits (`parts`, in order; read only when it has classes, i.e.
+    bounds), per tensor: its (sorted tensor-local positions int64, wrapped differences) runs, disjoint (one per
+    class that changed there). Each tensor must get the number of changes `counts` gives."""
     if code.count == 0:
         decompress_exact(frame, 0, what)
-        return []
+        return [[] for _ in parts]
     raw_U = decompress_exact(frame, code.raw_nbytes, what)
     mask = magnitude_mask(code.dtype)
     if native.enabled():
-        return _decode_native(code, raw_U, base_U, mask, what)
+        return _decode_native(code, raw_U, parts, counts, mask, what)
+    base_U = None
+    if code.bounds:
+        base_U = np.concatenate(parts) if len(parts) > 1 else parts[0]
+    return _by_tensor(_decode_numpy(code, raw_U, base_U, mask, what, workers), parts, counts, what)
+
+
+def _by_tensor(
+    runs: list[tuple[np.ndarray, np.ndarray]], parts: Sequence[np.ndarray], counts: Sequence[int], what: str
+) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Segment runs split at the tensors' bounds, positions made tensor-local; the per-tensor counts checked."""
+    offsets = np.cumsum([0] + [p.size for p in parts])
+    out: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in parts]
+    got = np.zeros(len(parts), np.int64)
+    for pos, delta in runs:
+        cuts = np.searchsorted(pos, offsets)  # a run's positions are sorted
+        got += np.diff(cuts)
+        for i in np.flatnonzero(np.diff(cuts)):
+            out[i].append((pos[cuts[i] : cuts[i + 1]] - offsets[i], delta[cuts[i] : cuts[i + 1]]))
+    if got.tolist() != list(counts):
+        raise PatchError(f"{what}: changes per tensor {got.tolist()} differ from the tensor list")
+    return out
+
+
+def _decode_numpy(
+    code: SegmentCode, raw_U: np.ndarray, base_U: np.ndarray | None, mask: int | None, what: str, workers: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The numpy reference: one (sorted segment positions, differences) run per class that changed."""
+    code_width = code.dtype.itemsize
+    value_dtype = UINT[code_width]
     member_lists = []
     if code.bounds and mask is not None:
         assert base_U is not None, "a segment with classes decodes against its base"
@@ -382,11 +424,16 @@ def decode_segment(
 
 
 def _decode_native(
-    code: SegmentCode, raw_U: np.ndarray, base_U: np.ndarray | None, mask: int | None, what: str
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`decode_segment` by the compiled kernels: each class's ranks and differences, then one pass over the base
-    that enumerates the classes below the top and merges every class into one sorted run (member counts and
-    top-class membership checked there)."""
+    code: SegmentCode,
+    raw_U: np.ndarray,
+    parts: Sequence[np.ndarray],
+    counts: Sequence[int],
+    mask: int | None,
+    what: str,
+) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """`decode_segment` by the compiled kernels: each class's ranks and differences, then one pass over the parts
+    that enumerates the classes below the top and merges every class into one sorted run per tensor (member
+    counts, top-class membership and the per-tensor counts checked there)."""
     code_width = code.dtype.itemsize
     value_dtype = UINT[code_width]
     runs = []
@@ -409,8 +456,8 @@ def _decode_native(
         cursor += size
         runs.append((ranks, delta_C))
     if not code.bounds:
-        return runs[-1:]
-    assert base_U is not None, "a segment with classes decodes against its base"
+        return _by_tensor(runs[-1:], parts, counts, what)
     assert mask is not None, "classes need a magnitude"
     members_C = [spec.members for spec in code.classes[:-1]]
-    return [native.class_merge(base_U, mask, code.bounds, members_C, runs[:-1], runs[-1], what)]
+    merged = native.class_merge(parts, mask, code.bounds, members_C, runs[:-1], runs[-1], counts, what)
+    return [[run] if run[0].size else [] for run in merged]

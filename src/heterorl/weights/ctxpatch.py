@@ -69,15 +69,16 @@ def encode(
     arrays, or flat integer views on the weights' device) and (sorted positions, wrapped differences)."""
 
     def one(indices: list[int], threads: int) -> tuple[dict[str, Any], bytes]:
+        parts = [base_bits[i] for i in indices]
+        on_host = isinstance(parts[0], np.ndarray)
         if len(indices) == 1:
             i = indices[0]
-            return ctxcode.encode_segment(base_bits[i], *changes[i], layouts[i][1], level, threads)
-        parts = [base_bits[i] for i in indices]
-        offsets = np.cumsum([0] + [p.size if isinstance(p, np.ndarray) else p.numel() for p in parts])
-        base_U = np.concatenate(parts) if isinstance(parts[0], np.ndarray) else torch.cat(parts)  # type: ignore[arg-type]
+            return ctxcode.encode_segment(parts if on_host else parts[0], *changes[i], layouts[i][1], level, threads)  # type: ignore[arg-type]
+        offsets = np.cumsum([0] + [_numel(p) for p in parts])
+        base = parts if on_host else torch.cat(parts)  # type: ignore[arg-type]  # host parts are read in place
         pos_K = np.concatenate([changes[i][0] + offsets[j] for j, i in enumerate(indices)])
         delta_K = np.concatenate([changes[i][1] for i in indices])
-        return ctxcode.encode_segment(base_U, pos_K, delta_K, layouts[indices[0]][1], level)
+        return ctxcode.encode_segment(base, pos_K, delta_K, layouts[indices[0]][1], level)  # type: ignore[arg-type]
 
     groups = group(layouts)
     big = [len(g) == 1 and _numel(base_bits[g[0]]) >= PARALLEL_MIN for g in groups]
@@ -158,31 +159,12 @@ def units(
     """One decode unit per segment, decoded against the receiver's bits (`views`, one per tensor)."""
 
     def unit(seg: Segment) -> staged.Unit:
-        def decode(threads: int) -> staged.Runs:
+        def decode(threads: int) -> list[staged.Runs]:
             frame = payload[seg.offset : seg.offset + seg.nbytes]
-            what = f"segment at tensor {seg.first}"
-            parts = views[seg.first : seg.first + seg.size]
-            if not seg.code.bounds:  # one class: positions are flat, the base is not needed to decode
-                base_U = None
-            elif seg.size == 1:
-                base_U = parts[0]
-            else:  # the classes enumerate the segment's concatenated bits (small tensors: ~L2-sized copies)
-                base_U = np.concatenate(parts)
-            runs = ctxcode.decode_segment(seg.code, frame, base_U, what, threads)
-            if seg.size > 1:
-                _check_counts(runs, parts, counts[seg.first : seg.first + seg.size], what)
-            return runs
+            first, last = seg.first, seg.first + seg.size
+            what = f"segment at tensor {first}"
+            return ctxcode.decode_segment(seg.code, frame, views[first:last], counts[first:last], what, threads)
 
         return staged.Unit(seg.first, seg.size, seg.code.numel, decode)
 
     return [unit(seg) for seg in segments]
-
-
-def _check_counts(runs: staged.Runs, parts: Sequence[np.ndarray], counts: Sequence[int], what: str) -> None:
-    """A multi-tensor segment's changes per tensor must match the tensor list's counts."""
-    offsets = np.cumsum([0] + [p.size for p in parts])
-    per_tensor = np.zeros(len(parts), np.int64)
-    for pos, _ in runs:
-        per_tensor += np.diff(np.searchsorted(pos, offsets))  # a run's positions are sorted
-    if per_tensor.tolist() != list(counts):
-        raise PatchError(f"{what}: changes per tensor {per_tensor.tolist()} differ from the tensor list")

@@ -361,7 +361,7 @@ def _parse(patch: Blobish) -> tuple[_Header, memoryview]:
 def _units_v1(header: _Header, payload: memoryview) -> list[staged.Unit]:
     def unit(i: int) -> staged.Unit:
         plain_tensor = header.plain[i]
-        return staged.Unit(i, 1, plain_tensor.meta.numel, lambda threads: [plain_tensor.decode(payload)])
+        return staged.Unit(i, 1, plain_tensor.meta.numel, lambda threads: [[plain_tensor.decode(payload)]])
 
     return [unit(i) for i in range(len(header.plain))]
 

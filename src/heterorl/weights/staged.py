@@ -9,9 +9,9 @@ copied to a scratch buffer, patched and hashed. The tensor itself is read once a
 scatters the kept new values. Bytes touched per element of a bf16 tensor: 2 read by the chunk pass, plus the
 scatter's cache lines at commit (~60% of them at 3% changes), against a plain copy's 2 read + 2 written.
 
-Changes may come as several sorted, disjoint runs (v2 decodes one per magnitude class) over a group of
-consecutive tensors (a v2 segment); they are grouped by (tensor, chunk) with one radix sort of the chunk keys,
-so every chunk is patched with one scatter whatever the number of runs.
+A tensor's changes may come as several sorted, disjoint runs (v2's numpy reference decodes one per magnitude
+class); they are grouped by chunk with one radix sort of the chunk keys, so every chunk is patched with one
+scatter whatever the number of runs.
 """
 
 from __future__ import annotations
@@ -60,22 +60,20 @@ def _chunks(size: int, chunk: int) -> int:
     return -(-size // chunk)
 
 
-def stage(views: Sequence[np.ndarray], runs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[TensorChanges]:
-    """Per tensor of `views` (consecutive tensors of one dtype), its changes from `runs`: (sorted positions in the
-    concatenation of the tensors, differences), runs disjoint. Positions must already be bounds-checked."""
+def stage(view: np.ndarray, runs: Runs) -> TensorChanges:
+    """A tensor's changes from `runs`: (sorted tensor-local positions, differences), runs disjoint. Positions
+    must already be bounds-checked."""
     runs = [r for r in runs if r[0].size]
-    if len(views) == 1 and len(runs) <= 1:
-        view = views[0]
-        chunk = chunk_elements(view)
-        if not runs:
-            return [
-                _changes(view, np.zeros(0, np.int64), np.zeros(0, view.dtype), [0] * (_chunks(view.size, chunk) + 1))
-            ]
+    chunk = chunk_elements(view)
+    n_chunks = _chunks(view.size, chunk)
+    if not runs:
+        return _changes(view, np.zeros(0, np.int64), np.zeros(0, view.dtype), [0] * (n_chunks + 1))
+    if len(runs) == 1:
         pos, delta = runs[0]
-        cuts = np.searchsorted(pos, np.arange(0, view.size + chunk, chunk)[: _chunks(view.size, chunk) + 1])
+        cuts = np.searchsorted(pos, np.arange(0, view.size + chunk, chunk)[: n_chunks + 1])
         cuts[-1] = pos.size
-        return [_changes(view, pos, delta, cuts.tolist())]
-    return _stage_grouped(views, runs)
+        return _changes(view, pos, delta, cuts.tolist())
+    return _stage_runs(view, runs, chunk, n_chunks)
 
 
 def _changes(view: np.ndarray, local: np.ndarray, delta: np.ndarray, cuts: list[int]) -> TensorChanges:
@@ -83,34 +81,15 @@ def _changes(view: np.ndarray, local: np.ndarray, delta: np.ndarray, cuts: list[
     return TensorChanges(view, local, delta, cuts, new)
 
 
-def _stage_grouped(views: Sequence[np.ndarray], runs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[TensorChanges]:
-    """Several runs and/or tensors: key every change by (tensor, chunk), stable radix sort by key."""
-    sizes = np.array([v.size for v in views], np.int64)
-    offsets = np.concatenate(([0], np.cumsum(sizes)))
-    chunk = chunk_elements(views[0])
-    n_chunks = -(-sizes // chunk)
-    first_piece = np.concatenate(([0], np.cumsum(n_chunks)))
-    if runs:
-        pos = np.concatenate([r[0] for r in runs]) if len(runs) > 1 else runs[0][0]
-        delta = np.concatenate([r[1] for r in runs]) if len(runs) > 1 else runs[0][1]
-    else:
-        pos, delta = np.zeros(0, np.int64), np.zeros(0, views[0].dtype)
-    tensor = np.searchsorted(offsets[1:], pos, side="right") if len(views) > 1 else np.zeros(pos.size, np.int64)
-    local = pos - np.take(offsets, tensor) if len(views) > 1 else pos
-    key = np.take(first_piece, tensor)
-    key += local // chunk
-    pieces = int(first_piece[-1])
-    key_dtype = np.uint16 if pieces <= 1 << 16 else np.int64  # 16-bit keys: numpy's stable sort is a radix sort
+def _stage_runs(view: np.ndarray, runs: Runs, chunk: int, n_chunks: int) -> TensorChanges:
+    """Several runs: key every change by its chunk, stable radix sort by key."""
+    pos = np.concatenate([r[0] for r in runs])
+    delta = np.concatenate([r[1] for r in runs])
+    key = pos // chunk
+    key_dtype = np.uint16 if n_chunks <= 1 << 16 else np.int64  # 16-bit keys: numpy's stable sort is a radix sort
     order = np.argsort(key.astype(key_dtype), kind="stable")
-    local, delta = np.take(local, order), np.take(delta, order)
-    piece_cuts = np.concatenate(([0], np.cumsum(np.bincount(key, minlength=pieces)))).tolist()
-    out = []
-    for t, view in enumerate(views):
-        p0, p1 = int(first_piece[t]), int(first_piece[t + 1])
-        lo, hi = piece_cuts[p0], piece_cuts[p1]
-        cuts = [c - lo for c in piece_cuts[p0 : p1 + 1]] if p1 > p0 else [0]
-        out.append(_changes(view, local[lo:hi], delta[lo:hi], cuts))
-    return out
+    cuts = np.concatenate(([0], np.cumsum(np.bincount(key, minlength=n_chunks)))).tolist()
+    return _changes(view, np.take(pos, order), np.take(delta, order), cuts)
 
 
 def result_digest(tc: TensorChanges) -> bytes:
@@ -151,13 +130,13 @@ def commit(tc: TensorChanges) -> None:
 
 @dataclass(frozen=True)
 class Unit:
-    """What one decode task covers: tensors [first, first + size) and how to decode their changes, given a
-    thread count for the decoder's own parallel work (v2 class enumeration of a big tensor)."""
+    """What one decode task covers: tensors [first, first + size) and how to decode their changes (per tensor, its
+    runs), given a thread count for the decoder's own parallel work (v2 class enumeration of a big tensor)."""
 
     first: int
     size: int
     numel: int
-    decode: Callable[[int], Runs]
+    decode: Callable[[int], list[Runs]]
 
 
 @dataclass(frozen=True)
@@ -180,8 +159,9 @@ def prepare(units: Sequence[Unit], views: Sequence[np.ndarray], workers: int) ->
     result: list[bytes | None] = [None] * len(views)
 
     def run(unit: Unit, threads: int) -> None:
-        tcs = stage(views[unit.first : unit.first + unit.size], unit.decode(threads))
-        for j, tc in enumerate(tcs):
+        per_tensor = unit.decode(threads)
+        for j, runs in enumerate(per_tensor):
+            tc = stage(views[unit.first + j], runs)
             changes[unit.first + j], result[unit.first + j] = tc, result_digest(tc)
 
     if workers <= 1:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import xxhash
@@ -149,11 +149,12 @@ def scatter(view: np.ndarray, local: np.ndarray, new: np.ndarray) -> None:
 
 # --- magnitude classes
 def class_split(
-    base_U: np.ndarray, mask: int, bounds: list[int], pos_K: np.ndarray, codes_K: np.ndarray
+    parts: Sequence[np.ndarray], mask: int, bounds: list[int], pos_K: np.ndarray, codes_K: np.ndarray
 ) -> tuple[list[int], list[np.ndarray], list[np.ndarray], np.ndarray, np.ndarray]:
-    """(member counts, changed ranks, codes) per class below the top, then the top class's positions and codes."""
+    """(member counts, changed ranks, codes) per class below the top, then the top class's positions and codes, of
+    the segment that `parts` (its tensors' bits, in order) make up; `pos_K` are positions in that segment."""
     members, ranks, codes, top_pos, top_codes = _pulse.class_split(
-        base_U, base_U.itemsize, mask, bounds, pos_K, codes_K
+        parts, parts[0].itemsize, mask, bounds, pos_K, codes_K
     )
     dtype = codes_K.dtype
     return (
@@ -166,20 +167,22 @@ def class_split(
 
 
 def class_merge(
-    base_U: np.ndarray,
+    parts: Sequence[np.ndarray],
     mask: int,
     bounds: list[int],
     members: list[int],
     runs: list[tuple[np.ndarray, np.ndarray]],
     top: tuple[np.ndarray, np.ndarray],
+    counts: Sequence[int],
     what: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    """One sorted run of a segment's changes from each class's (ranks, differences) and the top class's."""
-    pos, dif = _checked(
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per part (the segment's tensors), its changes as one sorted run of tensor-local positions, from each class's
+    (ranks, differences) and the top class's (segment positions, differences); each part must get `counts[i]`."""
+    out = _checked(
         what,
         _pulse.class_merge,
-        base_U,
-        base_U.itemsize,
+        parts,
+        parts[0].itemsize,
         mask,
         bounds,
         members,
@@ -187,8 +190,10 @@ def class_merge(
         [r[1] for r in runs],
         top[0],
         top[1],
+        list(counts),
     )
-    return _array(pos, np.int64), _array(dif, top[1].dtype)
+    dtype = top[1].dtype
+    return [(_array(pos, np.int64), _array(dif, dtype)) for pos, dif in out]
 
 
 def bitmap_ranks(raw: np.ndarray, offset: int, n: int, count: int, what: str) -> np.ndarray:

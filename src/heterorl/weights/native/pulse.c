@@ -1327,6 +1327,41 @@ static int classes_init(Classes *cl, int itemsize, unsigned long long mask, PyOb
     return 0;
 }
 
+/* A segment's tensors as parts (a sequence of buffers of itemsize-byte elements), so that the class passes read
+ * them where they are: a v2 segment groups small tensors, whose concatenation was a copy of every one. */
+typedef struct {
+    Py_ssize_t n;
+    Py_buffer *bufs;
+} Parts;
+
+static int parts_get(PyObject *seq, int itemsize, Parts *p) {
+    p->n = 0;
+    p->bufs = NULL;
+    Py_ssize_t n = PySequence_Size(seq);
+    if (n < 0) return -1;
+    if ((p->bufs = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PySequence_GetItem(seq, i);
+        int bad = item == NULL || PyObject_GetBuffer(item, &p->bufs[i], PyBUF_SIMPLE) != 0;
+        Py_XDECREF(item);
+        if (bad) return -1;
+        p->n++;
+        if (p->bufs[i].len % itemsize) {
+            PyErr_SetString(PyExc_ValueError, "parts: a part's size is not a whole number of elements");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void parts_release(Parts *p) {
+    for (Py_ssize_t i = 0; i < p->n; i++) PyBuffer_Release(&p->bufs[i]);
+    PyMem_Free(p->bufs);
+}
+
 /* Both class passes see a segment in chunks of 64 elements, as one mask per bound: bit l of lt[c] is set iff
  * element l of the chunk has a magnitude below bounds[c]. The bounds increase, so the masks nest; class c's
  * members in the chunk are lt[c] & ~lt[c-1] (lt[-1] = 0) and the top class's ~lt[nb-1]. A member's rank in its
@@ -1424,6 +1459,7 @@ static inline __attribute__((always_inline)) void block_masks(const Classes *cl,
  * none, and a library call per popcount cost more than the masks). PASS calls the one `wide` picks. */
 #define PASS_BAD 1
 #define PASS_NOMEM 2
+#define PASS_COUNT 3
 #ifdef HAVE_WIDE
 #define PASS_VARIANTS(NAME, ARGS, ...)                                                                            \
     __attribute__((target("avx512f,avx512bw,popcnt"))) static int NAME##_wide(ARGS) {                            \
@@ -1462,17 +1498,19 @@ WIDE static inline __m512i chunk_counts_wide(const uint64_t *m, int h) {
 }
 #endif
 
-/* One chunk of class_split (chunk masks m, at its first position): its changes pos[*jp ..] below at + CHUNK into
- * their classes' outputs; before[c]: class c's members before the chunk. */
+/* One chunk of class_split (chunk masks m, at its first position in the part; the part starts at segment
+ * position off): its changes pos[*jp ..] before the chunk's end into their classes' outputs; before[c]: class c's
+ * members before the chunk. */
 static AI int split_chunk(const Classes *cl, const uint8_t *lut, const void *base, size_t at, const uint64_t *m,
-                          const uint64_t *before, const int64_t *pos, const char *code, size_t *jp, size_t jend,
-                          int64_t **rp, char **cp) {
+                          const uint64_t *before, const int64_t *pos, int64_t off, const char *code, size_t *jp,
+                          size_t jend, int64_t **rp, char **cp) {
     const int nb = cl->nb, itemsize = cl->itemsize;
     size_t j = *jp;
-    for (; j < jend && pos[j] < (int64_t)(at + CHUNK); j++) {
-        if (pos[j] < (int64_t)at || (j && pos[j] <= pos[j - 1])) return PASS_BAD;
-        uint64_t x = load_item(base, (size_t)pos[j], itemsize) & cl->mask;
-        int l = (int)(pos[j] - (int64_t)at), c;
+    for (; j < jend && pos[j] - off < (int64_t)(at + CHUNK); j++) {
+        int64_t p = pos[j] - off;
+        if (p < (int64_t)at || (j && pos[j] <= pos[j - 1])) return PASS_BAD;
+        uint64_t x = load_item(base, (size_t)p, itemsize) & cl->mask;
+        int l = (int)(p - (int64_t)at), c;
         if (lut)
             c = lut[x];
         else
@@ -1488,7 +1526,8 @@ static AI int split_chunk(const Classes *cl, const uint8_t *lut, const void *bas
 
 #define SPLIT_BLOCK_ARGS                                                                                           \
     const Classes *cl, const uint8_t *lut, const void *base, size_t start, size_t len, const uint64_t *masks,     \
-        uint64_t *cnt, const int64_t *pos, const char *code, size_t *jp, size_t jend, int64_t **rp, char **cp
+        uint64_t *cnt, const int64_t *pos, int64_t off, const char *code, size_t *jp, size_t jend, int64_t **rp,  \
+        char **cp
 
 #ifdef HAVE_WIDE
 WIDE static int split_block_wide(SPLIT_BLOCK_ARGS) {
@@ -1499,10 +1538,10 @@ WIDE static int split_block_wide(SPLIT_BLOCK_ARGS) {
     const uint64_t *m = masks;
     int status = 0;
     for (size_t at = start; at < start + len && !status; at += CHUNK, m += stride) {
-        if (*jp < jend && pos[*jp] < (int64_t)(at + CHUNK)) {
+        if (*jp < jend && pos[*jp] - off < (int64_t)(at + CHUNK)) {
             _mm512_store_si512((void *)before, seen0);
             _mm512_store_si512((void *)(before + 8), seen1);
-            status = split_chunk(cl, lut, base, at, m, before, pos, code, jp, jend, rp, cp);
+            status = split_chunk(cl, lut, base, at, m, before, pos, off, code, jp, jend, rp, cp);
         }
         seen0 = _mm512_add_epi64(seen0, chunk_counts_wide(m, 0));
         if (two) seen1 = _mm512_add_epi64(seen1, chunk_counts_wide(m, 1));
@@ -1517,28 +1556,29 @@ static AI int split_block(SPLIT_BLOCK_ARGS) {
     const int nb = cl->nb;
     const uint64_t *m = masks;
     for (size_t at = start; at < start + len; at += CHUNK, m += MASKS(nb)) {
-        if (split_chunk(cl, lut, base, at, m, cnt, pos, code, jp, jend, rp, cp)) return PASS_BAD;
+        if (split_chunk(cl, lut, base, at, m, cnt, pos, off, code, jp, jend, rp, cp)) return PASS_BAD;
         for (int c = 0; c < nb; c++) cnt[c] += (uint64_t)__builtin_popcountll(m[c + 1] & ~m[c]);
     }
     return 0;
 }
 
-/* class_split's pass: each change into its class's Vec (ranks, or flat positions for the top class, with codes);
- * PASS_BAD for positions out of order or outside the segment, PASS_NOMEM when a Vec cannot grow. A change's class
- * comes from its magnitude (a table for 16-bit elements), its rank from the class counts and the chunk's masks.
- * cnt: MAX_CLASSES counts, zero on entry; class c's member count on return. */
+/* class_split's pass over one part of the segment (n elements from segment position off): its changes, from
+ * pos[*jp] on, into their classes' Vecs (ranks, or flat positions for the top class, with codes); PASS_BAD for
+ * positions out of order, PASS_NOMEM when a Vec cannot grow. A change's class comes from its magnitude (a table
+ * for 16-bit elements), its rank from the class counts and the chunk's masks. cnt: MAX_CLASSES counts, carried
+ * from part to part: class c's member count at the end. */
 #define SPLIT_ARGS                                                                                                 \
-    const Classes *cl, const uint8_t *lut, const void *base, size_t n, const int64_t *pos, const char *code,      \
-        size_t count, Vec *outp, Vec *outc, uint64_t *cnt
+    const Classes *cl, const uint8_t *lut, const void *base, size_t n, size_t off, const int64_t *pos,            \
+        const char *code, size_t count, size_t *jp, Vec *outp, Vec *outc, uint64_t *cnt
 static AI int split_pass(SPLIT_ARGS, int use_wide) {
     const int nb = cl->nb, itemsize = cl->itemsize;
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
     int64_t *rp[MAX_CLASSES + 1];
     char *cp[MAX_CLASSES + 1];
-    size_t j = 0;
+    size_t j = *jp;
     for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
         size_t len = n - start < CHUNK * BLOCK_CHUNKS ? n - start : CHUNK * BLOCK_CHUNKS, jend = j;
-        while (jend < count && pos[jend] < (int64_t)(start + len)) jend++;
+        while (jend < count && pos[jend] < (int64_t)(off + start + len)) jend++;
         for (int c = 0; c <= nb; c++) { /* room for every change of the block in any class */
             if (vec_reserve(&outp[c], jend - j) || vec_reserve(&outc[c], jend - j)) return PASS_NOMEM;
             rp[c] = (int64_t *)outp[c].data + outp[c].len;
@@ -1548,40 +1588,45 @@ static AI int split_pass(SPLIT_ARGS, int use_wide) {
         int status;
 #ifdef HAVE_WIDE
         if (use_wide)
-            status = split_block_wide(cl, lut, base, start, len, masks, cnt, pos, code, &j, jend, rp, cp);
+            status =
+                split_block_wide(cl, lut, base, start, len, masks, cnt, pos, (int64_t)off, code, &j, jend, rp, cp);
         else
 #endif
-            status = split_block(cl, lut, base, start, len, masks, cnt, pos, code, &j, jend, rp, cp);
+            status = split_block(cl, lut, base, start, len, masks, cnt, pos, (int64_t)off, code, &j, jend, rp, cp);
         for (int c = 0; c <= nb; c++) {
             outp[c].len = (size_t)(rp[c] - (int64_t *)outp[c].data);
             outc[c].len = outp[c].len;
         }
         if (status || j != jend) return PASS_BAD;
     }
-    return j == count ? 0 : PASS_BAD;
+    *jp = j;
+    return 0;
 }
-PASS_VARIANTS(split, SPLIT_ARGS, cl, lut, base, n, pos, code, count, outp, outc, cnt)
+PASS_VARIANTS(split, SPLIT_ARGS, cl, lut, base, n, off, pos, code, count, jp, outp, outc, cnt)
 
 PyDoc_STRVAR(class_split_doc,
-             "class_split(base, itemsize, mask, bounds, positions, codes) -> (members, ranks, codes, top positions, "
+             "class_split(parts, itemsize, mask, bounds, positions, codes) -> (members, ranks, codes, top positions, "
              "top codes)\n\nThe encoder's view of a segment's magnitude classes: per class below the top, its member "
              "count, the member ranks of its changed elements (int64 Bufs) and their value codes; the top class's "
-             "changed positions (flat) and codes. positions: sorted changed positions; codes: their value codes "
-             "(itemsize bytes each). One pass over the base in chunks of 64 elements (one mask per bound).");
+             "changed positions (flat) and codes. parts: the segment's tensors in order (their concatenation is the "
+             "segment); positions: sorted changed positions in the segment; codes: their value codes (itemsize "
+             "bytes each). One pass over the parts in chunks of 64 elements (one mask per bound).");
 
 static PyObject *py_class_split(PyObject *self, PyObject *args) {
-    Py_buffer bb, pb, cb;
+    Py_buffer pb, cb;
     int itemsize;
     unsigned long long mask;
-    PyObject *bounds, *out = NULL;
-    if (!PyArg_ParseTuple(args, "y*iKOy*y*", &bb, &itemsize, &mask, &bounds, &pb, &cb)) return NULL;
+    PyObject *parts_seq, *bounds, *out = NULL;
+    if (!PyArg_ParseTuple(args, "OiKOy*y*", &parts_seq, &itemsize, &mask, &bounds, &pb, &cb)) return NULL;
     Classes clv, *cl = &clv;
+    Parts parts = {0, NULL};
     /* out[c]: class c's ranks (c < nb) or the top class's flat positions (c = nb), with their codes */
     Vec outp[MAX_CLASSES + 1], outc[MAX_CLASSES + 1];
     memset(outp, 0, sizeof outp);
     memset(outc, 0, sizeof outc);
     uint8_t *lut = NULL; /* 16-bit elements: the class of every magnitude */
-    if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds)) goto done;
+    if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds) || parts_get(parts_seq, itemsize, &parts))
+        goto done;
     if (itemsize == 2) {
         if ((lut = malloc((size_t)mask + 1)) == NULL) {
             PyErr_NoMemory();
@@ -1592,7 +1637,7 @@ static PyObject *py_class_split(PyObject *self, PyObject *args) {
             memset(lut + lo, c, hi - lo);
         }
     }
-    size_t n = (size_t)bb.len / itemsize, count = (size_t)pb.len / 8;
+    size_t count = (size_t)pb.len / 8;
     const int nb = cl->nb;
     if ((size_t)cb.len != count * itemsize) {
         PyErr_SetString(PyExc_ValueError, "class_split: positions and codes differ in length");
@@ -1603,9 +1648,15 @@ static PyObject *py_class_split(PyObject *self, PyObject *args) {
         outc[c].item = (size_t)itemsize;
     }
     uint64_t cnt[MAX_CLASSES] = {0}; /* members per class */
-    int status;
+    int status = 0;
     Py_BEGIN_ALLOW_THREADS;
-    status = PASS(split, cl, lut, bb.buf, n, pb.buf, cb.buf, count, outp, outc, cnt);
+    size_t j = 0, off = 0;
+    for (Py_ssize_t i = 0; i < parts.n && !status; i++) {
+        size_t n = (size_t)parts.bufs[i].len / itemsize;
+        status = PASS(split, cl, lut, parts.bufs[i].buf, n, off, pb.buf, cb.buf, count, &j, outp, outc, cnt);
+        off += n;
+    }
+    if (!status && j != count) status = PASS_BAD;
     Py_END_ALLOW_THREADS;
     int failed = status == PASS_NOMEM, bad = status == PASS_BAD;
     if (failed) {
@@ -1641,7 +1692,7 @@ done:
         vec_free(&outp[c]);
         vec_free(&outc[c]);
     }
-    PyBuffer_Release(&bb);
+    parts_release(&parts);
     PyBuffer_Release(&pb);
     PyBuffer_Release(&cb);
     return out;
@@ -1676,14 +1727,15 @@ static AI void merge_class(Runs *r, int c, uint64_t mem, uint64_t first, uint64_
     } while (r->next_rank[c] < seen);
 }
 
-/* The rest of a chunk: its top-class changes checked (sorted, in the top class) and marked, then every marked
- * lane written out in position order. PASS_BAD for a bad top-class position. */
-static AI int merge_chunk_out(Runs *r, size_t at, uint64_t top_members, uint64_t changed, uint64_t *lane_dif,
-                              int64_t *op, char *od, size_t *o, int itemsize) {
+/* The rest of a chunk [at, end) of a part (positions in the part, which starts at segment position off): its
+ * top-class changes checked (sorted, in the top class) and marked, then every marked lane written out in position
+ * order, part-local, at most cap in all. PASS_BAD for a bad top-class position, PASS_COUNT past cap. */
+static AI int merge_chunk_out(Runs *r, size_t at, size_t end, int64_t off, uint64_t top_members, uint64_t changed,
+                              uint64_t *lane_dif, int64_t *op, char *od, size_t *o, size_t cap, int itemsize) {
     size_t t = r->t;
-    for (; t < r->ntop && r->tpos[t] < (int64_t)(at + CHUNK); t++) {
-        int64_t p = r->tpos[t];
-        if (p < (int64_t)at || (t && p <= r->tpos[t - 1]) || !(top_members >> (p - (int64_t)at) & 1)) {
+    for (; t < r->ntop && r->tpos[t] - off < (int64_t)end; t++) {
+        int64_t p = r->tpos[t] - off;
+        if (p < (int64_t)at || (t && r->tpos[t] <= r->tpos[t - 1]) || !(top_members >> (p - (int64_t)at) & 1)) {
             r->t = t;
             return PASS_BAD;
         }
@@ -1692,6 +1744,7 @@ static AI int merge_chunk_out(Runs *r, size_t at, uint64_t top_members, uint64_t
     }
     r->t = t;
     size_t k = *o;
+    if (k + (size_t)__builtin_popcountll(changed) > cap) return PASS_COUNT;
     for (; changed; changed &= changed - 1) {
         int lane = __builtin_ctzll(changed);
         op[k] = (int64_t)(at + (size_t)lane);
@@ -1702,7 +1755,8 @@ static AI int merge_chunk_out(Runs *r, size_t at, uint64_t top_members, uint64_t
 }
 
 #define MERGE_BLOCK_ARGS                                                                                           \
-    const Classes *cl, size_t start, size_t len, const uint64_t *masks, Runs *r, int64_t *op, char *od, size_t *o
+    const Classes *cl, size_t start, size_t len, int64_t off, const uint64_t *masks, Runs *r, int64_t *op, char *od, \
+        size_t *o, size_t cap
 
 #ifdef HAVE_WIDE
 WIDE static int merge_block_wide(MERGE_BLOCK_ARGS) {
@@ -1735,7 +1789,8 @@ WIDE static int merge_block_wide(MERGE_BLOCK_ARGS) {
             next0 = _mm512_loadu_si512((const void *)r->next_rank);
             next1 = _mm512_loadu_si512((const void *)(r->next_rank + 8));
         }
-        status = merge_chunk_out(r, at, ~m[nb], changed, lane_dif, op, od, o, itemsize);
+        size_t end = at + CHUNK < start + len ? at + CHUNK : start + len;
+        status = merge_chunk_out(r, at, end, off, ~m[nb], changed, lane_dif, op, od, o, cap, itemsize);
     }
     _mm512_storeu_si512((void *)r->cnt, seen0);
     _mm512_storeu_si512((void *)(r->cnt + 8), seen1);
@@ -1754,66 +1809,76 @@ static AI int merge_block(MERGE_BLOCK_ARGS) {
             r->cnt[c] = seen;
             if (r->next_rank[c] < seen) merge_class(r, c, mem, first, seen, &changed, lane_dif, itemsize);
         }
-        if (merge_chunk_out(r, at, ~m[nb], changed, lane_dif, op, od, o, itemsize)) return PASS_BAD;
+        size_t end = at + CHUNK < start + len ? at + CHUNK : start + len;
+        int status = merge_chunk_out(r, at, end, off, ~m[nb], changed, lane_dif, op, od, o, cap, itemsize);
+        if (status) return status;
     }
     return 0;
 }
 
-/* class_merge's pass: the classes' changes into one sorted run (op, od); PASS_BAD for a top-class position out of
- * order or not in the top class. A class's rank out of order or past its members stops that class (its nxt
- * stays short of nch, which the caller reports). */
-#define MERGE_ARGS const Classes *cl, const void *base, size_t n, Runs *r, int64_t *op, char *od
+/* class_merge's pass over one part (n elements from segment position off): the part's changes into one sorted
+ * run of part-local positions (op, od), cap of them; PASS_BAD for a top-class position out of order or not in
+ * the top class, PASS_COUNT for more changes than cap. A class's rank out of order or past its members stops
+ * that class (its nxt stays short of nch, which the caller reports). */
+#define MERGE_ARGS const Classes *cl, const void *base, size_t n, size_t off, Runs *r, int64_t *op, char *od, size_t *o, size_t cap
 static AI int merge_pass(MERGE_ARGS, int use_wide) {
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
-    size_t o = 0;
     for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
         size_t len = n - start < CHUNK * BLOCK_CHUNKS ? n - start : CHUNK * BLOCK_CHUNKS;
         block_masks(cl, base, start, len, masks, use_wide);
         int status;
 #ifdef HAVE_WIDE
         if (use_wide)
-            status = merge_block_wide(cl, start, len, masks, r, op, od, &o);
+            status = merge_block_wide(cl, start, len, (int64_t)off, masks, r, op, od, o, cap);
         else
 #endif
-            status = merge_block(cl, start, len, masks, r, op, od, &o);
+            status = merge_block(cl, start, len, (int64_t)off, masks, r, op, od, o, cap);
         if (status) return status;
     }
     return 0;
 }
-PASS_VARIANTS(merge, MERGE_ARGS, cl, base, n, r, op, od)
+PASS_VARIANTS(merge, MERGE_ARGS, cl, base, n, off, r, op, od, o, cap)
 
 PyDoc_STRVAR(class_merge_doc,
-             "class_merge(base, itemsize, mask, bounds, members, ranks, diffs, top_positions, top_diffs) -> "
-             "(positions int64 Buf, differences Buf)\n\nThe decoder's view: the changed members of every class "
-             "below the top (sorted ranks < members, with their differences) and the top class's changes (sorted "
-             "flat positions) merged into one sorted run of positions. Checked: every class has the member count "
-             "the header gives, every top-class position is a top-class member. One pass over the base in chunks "
-             "of 64 elements (one mask per bound): a chunk's changes of every class are marked in a 64-bit mask "
-             "and written out in position order.");
+             "class_merge(parts, itemsize, mask, bounds, members, ranks, diffs, top_positions, top_diffs, counts) -> "
+             "[(positions int64 Buf, differences Buf) per part]\n\nThe decoder's view: the changed members of every "
+             "class below the top (sorted ranks < members, with their differences) and the top class's changes "
+             "(sorted flat positions in the segment) merged into one sorted run per part (the segment's tensors, in "
+             "order), positions local to the part. Checked: every class has the member count the header gives, "
+             "every top-class position is a top-class member, each part has the number of changes `counts` gives. "
+             "One pass over the parts in chunks of 64 elements (one mask per bound): a chunk's changes of every class "
+             "are marked in a 64-bit mask and written out in position order.");
 
 static PyObject *py_class_merge(PyObject *self, PyObject *args) {
-    Py_buffer bb, tpb, tdb;
+    Py_buffer tpb, tdb;
     int itemsize;
     unsigned long long mask;
-    PyObject *bounds, *members, *ranks_l, *diffs_l, *out = NULL;
-    if (!PyArg_ParseTuple(args, "y*iKOOOOy*y*", &bb, &itemsize, &mask, &bounds, &members, &ranks_l, &diffs_l, &tpb,
-                          &tdb))
+    PyObject *parts_seq, *bounds, *members, *ranks_l, *diffs_l, *counts, *out = NULL, *list = NULL;
+    if (!PyArg_ParseTuple(args, "OiKOOOOy*y*O", &parts_seq, &itemsize, &mask, &bounds, &members, &ranks_l, &diffs_l,
+                          &tpb, &tdb, &counts))
         return NULL;
     Classes clv, *cl = &clv;
+    Parts parts = {0, NULL};
     Py_buffer rb[MAX_CLASSES], db[MAX_CLASSES];
     int held = 0;
-    PyObject *pbuf = NULL, *dbuf = NULL;
-    if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds)) goto done;
+    size_t *cap = NULL;
+    void **op = NULL, **od = NULL;
+    if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds) || parts_get(parts_seq, itemsize, &parts))
+        goto done;
     const int nb = cl->nb;
     if (PySequence_Size(members) != nb || PySequence_Size(ranks_l) != nb || PySequence_Size(diffs_l) != nb) {
         PyErr_SetString(PyExc_ValueError, "class_merge: one member count, rank and difference array per class");
+        goto done;
+    }
+    if (PySequence_Size(counts) != parts.n) {
+        PyErr_SetString(PyExc_ValueError, "class_merge: one change count per part");
         goto done;
     }
     size_t want[MAX_CLASSES], nxt[MAX_CLASSES] = {0}, nch[MAX_CLASSES];
     uint64_t cnt[MAX_CLASSES] = {0}, next_rank[MAX_CLASSES];
     const int64_t *rk[MAX_CLASSES];
     const char *df[MAX_CLASSES];
-    size_t ntop = (size_t)tpb.len / 8, nbelow = 0;
+    size_t ntop = (size_t)tpb.len / 8;
     if ((size_t)tdb.len != ntop * itemsize) {
         PyErr_SetString(PyExc_ValueError, "class_merge: top positions and differences differ in length");
         goto done;
@@ -1840,21 +1905,48 @@ static PyObject *py_class_merge(PyObject *self, PyObject *args) {
         }
         rk[c] = rb[c].buf;
         df[c] = db[c].buf;
-        nbelow += nch[c];
     }
-    size_t total = nbelow + ntop, n = (size_t)bb.len / itemsize;
-    void *op, *od;
-    pbuf = buf_new(total * 8, &op);
-    dbuf = pbuf ? buf_new(total * itemsize, &od) : NULL;
-    if (dbuf == NULL) goto done;
+    /* one output per part, of the size the tensor list gives (checked by the pass) */
+    size_t np = (size_t)parts.n;
+    cap = PyMem_Calloc(np ? np : 1, sizeof(size_t));
+    op = PyMem_Calloc(np ? np : 1, sizeof(void *));
+    od = PyMem_Calloc(np ? np : 1, sizeof(void *));
+    list = PyList_New(parts.n);
+    if (cap == NULL || op == NULL || od == NULL || list == NULL) {
+        if (list != NULL) PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < np; i++) {
+        PyObject *item = PySequence_GetItem(counts, (Py_ssize_t)i);
+        cap[i] = item ? PyLong_AsSize_t(item) : 0;
+        Py_XDECREF(item);
+        if (item == NULL || PyErr_Occurred()) goto done;
+        if (cap[i] > (size_t)parts.bufs[i].len / itemsize) {
+            PyErr_SetString(CodecError, "changes per tensor differ from the tensor list");
+            goto done;
+        }
+        PyObject *pbuf = buf_new(cap[i] * 8, &op[i]), *dbuf = pbuf ? buf_new(cap[i] * itemsize, &od[i]) : NULL;
+        PyObject *pair = dbuf ? PyTuple_Pack(2, pbuf, dbuf) : NULL;
+        Py_XDECREF(pbuf);
+        Py_XDECREF(dbuf);
+        if (pair == NULL) goto done;
+        PyList_SET_ITEM(list, (Py_ssize_t)i, pair);
+    }
     for (int c = 0; c < MAX_CLASSES; c++) next_rank[c] = c < nb && nch[c] ? (uint64_t)rk[c][0] : UINT64_MAX;
     Runs runs = {.rk = rk, .df = df, .nch = nch, .nxt = nxt, .cnt = cnt, .next_rank = next_rank,
                  .tpos = tpb.buf, .tdif = tdb.buf, .ntop = ntop};
     const char *err = NULL;
-    int status;
+    int status = 0;
     Py_BEGIN_ALLOW_THREADS;
-    status = PASS(merge, cl, bb.buf, n, &runs, op, od);
-    if (status) err = "a top-class position is not in the top class";
+    size_t off = 0;
+    for (size_t i = 0; i < np && !status; i++) {
+        size_t n = (size_t)parts.bufs[i].len / itemsize, o = 0;
+        status = PASS(merge, cl, parts.bufs[i].buf, n, off, &runs, op[i], od[i], &o, cap[i]);
+        if (!status && o != cap[i]) status = PASS_COUNT;
+        off += n;
+    }
+    if (status == PASS_COUNT) err = "changes per tensor differ from the tensor list";
+    else if (status) err = "a top-class position is not in the top class";
     if (err == NULL && runs.t < ntop) err = "a top-class position is not in the top class";
     for (int c = 0; c < nb && err == NULL; c++)
         if (cnt[c] != want[c]) err = "a class's member count differs from the header's";
@@ -1864,15 +1956,17 @@ static PyObject *py_class_merge(PyObject *self, PyObject *args) {
         PyErr_SetString(CodecError, err);
         goto done;
     }
-    out = PyTuple_Pack(2, pbuf, dbuf);
+    out = Py_NewRef(list);
 done:
     for (int c = 0; c < held; c++) {
         PyBuffer_Release(&rb[c]);
         PyBuffer_Release(&db[c]);
     }
-    Py_XDECREF(pbuf);
-    Py_XDECREF(dbuf);
-    PyBuffer_Release(&bb);
+    Py_XDECREF(list);
+    PyMem_Free(cap);
+    PyMem_Free(op);
+    PyMem_Free(od);
+    parts_release(&parts);
     PyBuffer_Release(&tpb);
     PyBuffer_Release(&tdb);
     return out;
