@@ -27,7 +27,7 @@ static int wide;
 static int wide_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512vbmi2");
+           __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("bmi2");
 }
 #endif
 
@@ -1462,7 +1462,7 @@ static inline __attribute__((always_inline)) void block_masks(const Classes *cl,
 #define PASS_COUNT 3
 #ifdef HAVE_WIDE
 #define PASS_VARIANTS(NAME, ARGS, ...)                                                                            \
-    __attribute__((target("avx512f,avx512bw,popcnt"))) static int NAME##_wide(ARGS) {                            \
+    __attribute__((target("avx512f,avx512bw,popcnt,bmi2"))) static int NAME##_wide(ARGS) {                            \
         return NAME##_pass(__VA_ARGS__, 1);                                                                        \
     }                                                                                                              \
     __attribute__((target_clones("popcnt", "default"))) static int NAME##_base(ARGS) {                            \
@@ -1480,7 +1480,7 @@ static inline __attribute__((always_inline)) void block_masks(const Classes *cl,
  * classes (nibble-table popcounts, which every AVX-512 BW CPU has), where the baseline adds them one by one. */
 #define AI inline __attribute__((always_inline))
 #ifdef HAVE_WIDE
-#define WIDE __attribute__((target("avx512f,avx512bw,popcnt")))
+#define WIDE __attribute__((target("avx512f,avx512bw,popcnt,bmi2")))
 
 /* Per-qword popcounts: bytes by a nibble table, summed per qword. */
 WIDE static inline __m512i popcnt64_wide(__m512i v) {
@@ -1782,12 +1782,26 @@ WIDE static int merge_block_wide(MERGE_BLOCK_ARGS) {
             _mm512_store_si512((void *)(before + 8), old1);
             for (; due; due &= due - 1) {
                 int c = __builtin_ctz(due);
-                uint64_t mem = m[c + 1] & ~m[c];
-                merge_class(r, c, mem, before[c], before[c] + (uint64_t)__builtin_popcountll(mem), &changed, lane_dif,
-                            itemsize);
+                const uint64_t mem = m[c + 1] & ~m[c], first = before[c];
+                const uint64_t seen = first + (uint64_t)__builtin_popcountll(mem);
+                const int64_t *rk = r->rk[c];
+                const char *df = r->df[c];
+                size_t i = r->nxt[c], nch = r->nch[c];
+                uint64_t next = r->next_rank[c];
+                do { /* the member of rank `next`: the (next - first)-th set bit of mem, by pdep */
+                    int lane = __builtin_ctzll(_pdep_u64(1ull << (next - first), mem));
+                    changed |= 1ull << lane;
+                    lane_dif[lane] = load_item(df, i, itemsize);
+                    i++;
+                    next = i < nch && rk[i] > rk[i - 1] ? (uint64_t)rk[i] : UINT64_MAX;
+                } while (next < seen);
+                r->nxt[c] = i;
+                r->next_rank[c] = next;
+                if (c < 8) /* the vector lane too, without a round trip through memory */
+                    next0 = _mm512_mask_set1_epi64(next0, (__mmask8)(1u << c), (long long)next);
+                else
+                    next1 = _mm512_mask_set1_epi64(next1, (__mmask8)(1u << (c - 8)), (long long)next);
             }
-            next0 = _mm512_loadu_si512((const void *)r->next_rank);
-            next1 = _mm512_loadu_si512((const void *)(r->next_rank + 8));
         }
         size_t end = at + CHUNK < start + len ? at + CHUNK : start + len;
         status = merge_chunk_out(r, at, end, off, ~m[nb], changed, lane_dif, op, od, o, cap, itemsize);
