@@ -1834,7 +1834,8 @@ static AI int merge_block(MERGE_BLOCK_ARGS) {
  * run of part-local positions (op, od), cap of them; PASS_BAD for a top-class position out of order or not in
  * the top class, PASS_COUNT for more changes than cap. A class's rank out of order or past its members stops
  * that class (its nxt stays short of nch, which the caller reports). */
-#define MERGE_ARGS const Classes *cl, const void *base, size_t n, size_t off, Runs *r, int64_t *op, char *od, size_t *o, size_t cap
+#define MERGE_ARGS                                                                                                 \
+    const Classes *cl, const void *base, size_t n, size_t off, Runs *r, int64_t *op, char *od, size_t *o, size_t cap
 static AI int merge_pass(MERGE_ARGS, int use_wide) {
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
     for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
