@@ -220,17 +220,26 @@ def choose_bounds(
     k = mag_K.size
     if k == 0 or n < 2 or max_classes < 2:
         return []
-    sample_bins = exponent_bins(sample_mag, shift)
-    changed_bins = exponent_bins(mag_K, shift)
-    lo = int(min(sample_bins.min(), changed_bins.min()))
-    hi = int(max(sample_bins.max(), changed_bins.max())) + 1
+    # one histogram of (exponent bin, value bin) over the changes; their bin counts are its row sums
+    cell = exponent_bins(mag_K, shift)
+    cell *= _VALUE_BINS
+    np.add(cell, np.minimum(codes_K, _VALUE_BINS - 1), out=cell, casting="unsafe")  # codes < 64 here
+    hist_all = np.bincount(cell).astype(np.float64)
+    hist_all.resize(-(-hist_all.size // _VALUE_BINS) * _VALUE_BINS, refcheck=False)
+    hist_all = hist_all.reshape(-1, _VALUE_BINS)
+    k_all = hist_all.sum(axis=1)
+    n_all = np.bincount(exponent_bins(sample_mag, shift))
+    used = np.flatnonzero(k_all)
+    lo = int(min(used[0], np.flatnonzero(n_all)[0]))
+    hi = int(max(used[-1], n_all.size - 1)) + 1
     width = hi - lo
-    n_e = np.bincount(sample_bins - lo, minlength=width).astype(np.float64) * (n / sample_bins.size)
-    k_e = np.bincount(changed_bins - lo, minlength=width).astype(np.float64)
+    n_e = np.zeros(width)
+    n_e[: n_all.size - lo] = n_all[lo:] * (n / sample_mag.size)
+    k_e = np.zeros(width)
+    k_e[: k_all.size - lo] = k_all[lo:hi]
     n_e = np.maximum(n_e, k_e)  # the sample may miss rare exponents that did change
-    vbin = np.minimum(codes_K, _VALUE_BINS - 1).astype(np.int64)
-    cell = (changed_bins - lo) * _VALUE_BINS + vbin
-    hist = np.bincount(cell, minlength=width * _VALUE_BINS).reshape(width, _VALUE_BINS).astype(np.float64)
+    hist = np.zeros((width, _VALUE_BINS))
+    hist[: k_all.size - lo] = hist_all[lo:hi]
     cost = _segment_costs(n_e, k_e, hist, n)
     # best[j][b]: cheapest split of bins [0, b) into j classes (the last one of them not the top class)
     inf = float("inf")
