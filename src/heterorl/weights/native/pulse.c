@@ -1498,68 +1498,63 @@ WIDE static inline __m512i chunk_counts_wide(const uint64_t *m, int h) {
 }
 #endif
 
-/* One chunk of class_split (chunk masks m, at its first position in the part; the part starts at segment
- * position off): its changes pos[*jp ..] before the chunk's end into their classes' outputs; before[c]: class c's
- * members before the chunk. */
-static AI int split_chunk(const Classes *cl, const uint8_t *lut, const void *base, size_t at, const uint64_t *m,
-                          const uint64_t *before, const int64_t *pos, int64_t off, const char *code, size_t *jp,
-                          size_t jend, int64_t **rp, char **cp) {
+/* class_split's changes of one block [start, start + len) of a part (which starts at segment position off):
+ * pos[*jp .. jend) into their classes' outputs, in one loop over the changes (a loop per chunk mispredicted its
+ * exit once per chunk). prefix[q * MAX_CLASSES + c]: class c's members before chunk q. */
+static AI int split_changes(const Classes *cl, const uint8_t *lut, const void *base, size_t start,
+                            const uint64_t *masks, const uint64_t *prefix, const int64_t *pos, int64_t off,
+                            const char *code, size_t *jp, size_t jend, int64_t **rp, char **cp) {
     const int nb = cl->nb, itemsize = cl->itemsize;
-    size_t j = *jp;
-    for (; j < jend && pos[j] - off < (int64_t)(at + CHUNK); j++) {
+    const size_t stride = MASKS(nb);
+    for (size_t j = *jp; j < jend; j++) {
         int64_t p = pos[j] - off;
-        if (p < (int64_t)at || (j && pos[j] <= pos[j - 1])) return PASS_BAD;
+        if (p < (int64_t)start || (j && pos[j] <= pos[j - 1])) return PASS_BAD;
         uint64_t x = load_item(base, (size_t)p, itemsize) & cl->mask;
-        int l = (int)(p - (int64_t)at), c;
+        size_t q = ((size_t)p - start) / CHUNK;
+        int l = (int)(((size_t)p - start) % CHUNK), c;
         if (lut)
             c = lut[x];
         else
             for (c = 0; c < nb && x >= cl->bounds[c];) c++;
-        uint64_t rank = before[c] + (uint64_t)__builtin_popcountll(m[c + 1] & ~m[c] & ((1ull << l) - 1));
+        const uint64_t *m = masks + q * stride;
+        uint64_t rank = prefix[q * MAX_CLASSES + (size_t)c] +
+                        (uint64_t)__builtin_popcountll(m[c + 1] & ~m[c] & ((1ull << l) - 1));
         *rp[c]++ = c == nb ? pos[j] : (int64_t)rank; /* the top class: flat positions */
         store_item(cp[c], 0, itemsize, load_item(code, j, itemsize));
         cp[c] += itemsize;
     }
-    *jp = j;
+    *jp = jend;
     return 0;
 }
 
-#define SPLIT_BLOCK_ARGS                                                                                           \
-    const Classes *cl, const uint8_t *lut, const void *base, size_t start, size_t len, const uint64_t *masks,     \
-        uint64_t *cnt, const int64_t *pos, int64_t off, const char *code, size_t *jp, size_t jend, int64_t **rp,  \
-        char **cp
+/* The class counts before each chunk of a block (prefix, as split_changes reads it), cnt advanced past it. */
+#define PREFIX_ARGS const Classes *cl, size_t len, const uint64_t *masks, uint64_t *cnt, uint64_t *prefix
 
 #ifdef HAVE_WIDE
-WIDE static int split_block_wide(SPLIT_BLOCK_ARGS) {
+WIDE static void class_prefix_wide(PREFIX_ARGS) {
     const size_t stride = MASKS(cl->nb);
     const int two = cl->nb > 8;
     __m512i seen0 = _mm512_loadu_si512((const void *)cnt), seen1 = _mm512_loadu_si512((const void *)(cnt + 8));
-    uint64_t before[MAX_CLASSES + 1] __attribute__((aligned(64)));
     const uint64_t *m = masks;
-    int status = 0;
-    for (size_t at = start; at < start + len && !status; at += CHUNK, m += stride) {
-        if (*jp < jend && pos[*jp] - off < (int64_t)(at + CHUNK)) {
-            _mm512_store_si512((void *)before, seen0);
-            _mm512_store_si512((void *)(before + 8), seen1);
-            status = split_chunk(cl, lut, base, at, m, before, pos, off, code, jp, jend, rp, cp);
-        }
+    for (size_t q = 0; q * CHUNK < len; q++, m += stride) {
+        _mm512_storeu_si512((void *)(prefix + q * MAX_CLASSES), seen0);
+        _mm512_storeu_si512((void *)(prefix + q * MAX_CLASSES + 8), seen1);
         seen0 = _mm512_add_epi64(seen0, chunk_counts_wide(m, 0));
         if (two) seen1 = _mm512_add_epi64(seen1, chunk_counts_wide(m, 1));
     }
     _mm512_storeu_si512((void *)cnt, seen0);
     _mm512_storeu_si512((void *)(cnt + 8), seen1);
-    return status;
 }
 #endif
 
-static AI int split_block(SPLIT_BLOCK_ARGS) {
+static AI void class_prefix(PREFIX_ARGS) {
     const int nb = cl->nb;
     const uint64_t *m = masks;
-    for (size_t at = start; at < start + len; at += CHUNK, m += MASKS(nb)) {
-        if (split_chunk(cl, lut, base, at, m, cnt, pos, off, code, jp, jend, rp, cp)) return PASS_BAD;
-        for (int c = 0; c < nb; c++) cnt[c] += (uint64_t)__builtin_popcountll(m[c + 1] & ~m[c]);
-    }
-    return 0;
+    for (size_t q = 0; q * CHUNK < len; q++, m += MASKS(nb))
+        for (int c = 0; c < nb; c++) {
+            prefix[q * MAX_CLASSES + (size_t)c] = cnt[c];
+            cnt[c] += (uint64_t)__builtin_popcountll(m[c + 1] & ~m[c]);
+        }
 }
 
 /* class_split's pass over one part of the segment (n elements from segment position off): its changes, from
@@ -1573,6 +1568,7 @@ static AI int split_block(SPLIT_BLOCK_ARGS) {
 static AI int split_pass(SPLIT_ARGS, int use_wide) {
     const int nb = cl->nb, itemsize = cl->itemsize;
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
+    uint64_t prefix[BLOCK_CHUNKS * MAX_CLASSES]; /* class counts before each chunk of the block */
     int64_t *rp[MAX_CLASSES + 1];
     char *cp[MAX_CLASSES + 1];
     size_t j = *jp;
@@ -1585,14 +1581,13 @@ static AI int split_pass(SPLIT_ARGS, int use_wide) {
             cp[c] = outc[c].data + outc[c].len * itemsize;
         }
         block_masks(cl, base, start, len, masks, use_wide);
-        int status;
 #ifdef HAVE_WIDE
         if (use_wide)
-            status =
-                split_block_wide(cl, lut, base, start, len, masks, cnt, pos, (int64_t)off, code, &j, jend, rp, cp);
+            class_prefix_wide(cl, len, masks, cnt, prefix);
         else
 #endif
-            status = split_block(cl, lut, base, start, len, masks, cnt, pos, (int64_t)off, code, &j, jend, rp, cp);
+            class_prefix(cl, len, masks, cnt, prefix);
+        int status = split_changes(cl, lut, base, start, masks, prefix, pos, (int64_t)off, code, &j, jend, rp, cp);
         for (int c = 0; c <= nb; c++) {
             outp[c].len = (size_t)(rp[c] - (int64_t *)outp[c].data);
             outc[c].len = outp[c].len;
