@@ -423,3 +423,45 @@ def test_the_size_estimate_tracks_the_coded_patch(lr, rate):
     out = encode_versions(base, new, formats=(1,))
     assert out.v1 is not None
     assert 0.75 < out.estimated_nbytes / len(out.v1) < 1.25, (out.estimated_nbytes, len(out.v1))
+
+
+@pytest.mark.parametrize("wide", WIDTHS)
+def test_class_passes_in_ranges_equal_one_pass_and_refuse_alike(wide):
+    """A tensor above PARALLEL_MIN is split and merged in position ranges by threads (ctxcode): the same classes
+    and changes as one pass, and a member count, rank or top-class position that is off is refused."""
+    from heterorl.weights import ctxcode
+    from heterorl.weights.classes import PARALLEL_MIN
+
+    _skip_unless_wide(wide)
+    rng = np.random.default_rng(5)
+    n = PARALLEL_MIN + 4099
+    base = (rng.normal(0, 0.02, n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    pos = np.flatnonzero(rng.random(n) < 0.03).astype(np.int64)
+    codes = rng.integers(0, 5, pos.size).astype(np.uint16)
+    bounds = [(127 - e) << 7 for e in (14, 12, 10, 9)]
+    with native.wide(wide):
+        one = native.class_split([base], 0x7FFF, bounds, pos, codes)
+        for workers in (2, 3):
+            got = ctxcode._split_native([base], 0x7FFF, bounds, pos, codes, workers)
+            assert got[0] == one[0]
+            for a, b in zip([*one[1], *one[2], one[3], one[4]], [*got[1], *got[2], got[3], got[4]], strict=True):
+                assert np.array_equal(a, b)
+        members_C, runs, top = one[0], list(zip(one[1], one[2], strict=True)), (one[3], one[4])
+
+        def merge(members=members_C, runs=runs, top=top, count=pos.size):  # type: ignore[no-untyped-def]
+            return ctxcode._merge_native([base], 0x7FFF, bounds, members, runs, top, [count], "t", 3)
+
+        (merged,) = merge()
+        assert np.array_equal(merged[0], pos)
+        assert np.array_equal(merged[1], codes)
+        with pytest.raises(PatchError, match="member count"):
+            merge(members=[m + (c == 1) for c, m in enumerate(members_C)])
+        swapped = [(r.copy(), d) for r, d in runs]
+        middle = swapped[2][0].size // 2
+        swapped[2][0][[middle, middle + 1]] = swapped[2][0][[middle + 1, middle]]  # two ranks out of order
+        with pytest.raises(PatchError, match="ranks are not sorted"):
+            merge(runs=swapped)
+        small = np.flatnonzero((base & 0x7FFF) < bounds[-1])
+        fake = np.sort(np.concatenate([top[0], small[-1:]]))
+        with pytest.raises(PatchError, match="not in the top class"):
+            merge(top=(fake, np.ones(fake.size, np.uint16)), count=pos.size + 1)

@@ -21,6 +21,7 @@ entries {"n": count, "m": members (below the top only; checked against the recei
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from heterorl.weights import native
 from heterorl.weights.classes import (
     MANTISSA_BITS,
     MAX_CLASSES,
+    PARALLEL_MIN,
     choose_bounds,
     class_flags_torch,
     magnitude_mask,
@@ -39,7 +41,7 @@ from heterorl.weights.classes import (
     members,
     sample_stride,
 )
-from heterorl.weights.format import UINT, PatchError, get_int
+from heterorl.weights.format import UINT, PatchError, get_int, parallel_map
 from heterorl.weights.intcode import (
     DIFFERENCES,
     StreamSpec,
@@ -149,7 +151,7 @@ def encode_segment(
     if native.enabled() and host:  # the compiled class pass: one loop over the base
         if bounds:
             assert mask is not None
-            members_C, ranks_C, codes_C, pos_top, codes_top = native.class_split(base, mask, bounds, pos_K, codes_K)  # type: ignore[arg-type]
+            members_C, ranks_C, codes_C, pos_top, codes_top = _split_native(base, mask, bounds, pos_K, codes_K, workers)  # type: ignore[arg-type]
             for ranks, n_members, codes in zip(ranks_C, members_C, codes_C, strict=True):
                 specs.append(_encode_ranks(ranks, n_members, codes, parts))
         specs.append(_encode_ranks(pos_top, n, codes_top, parts))
@@ -171,6 +173,86 @@ def encode_segment(
         "raw_nbytes": sum(p.nbytes for p in parts),
     }
     return fields, compress_parts(parts, level, literals=True)
+
+
+def _ranges(n: int, workers: int) -> list[tuple[int, int]]:
+    """`workers` position ranges of a segment of n elements, cut at multiples of 64 (the class passes' chunks)."""
+    cuts = [min(n, (n * i // workers) & ~63) for i in range(workers)] + [n]
+    return list(itertools.pairwise(cuts))
+
+
+def _split_native(
+    parts: Sequence[np.ndarray], mask: int, bounds: list[int], pos_K: np.ndarray, codes_K: np.ndarray, workers: int
+) -> tuple[list[int], list[np.ndarray], list[np.ndarray], np.ndarray, np.ndarray]:
+    """`native.class_split`, and for one large tensor with `workers` > 1, in position ranges side by side: each
+    range's ranks start at 0, so the ranges before it add their member counts afterwards."""
+    n = parts[0].size
+    if workers <= 1 or len(parts) != 1 or n < PARALLEL_MIN:
+        return native.class_split(parts, mask, bounds, pos_K, codes_K)
+    ranges = _ranges(n, workers)
+    cuts = np.searchsorted(pos_K, [lo for lo, _ in ranges] + [n])
+
+    def one(r: int) -> tuple:
+        (lo, hi), a, b = ranges[r], cuts[r], cuts[r + 1]
+        return native.class_split([parts[0][lo:hi]], mask, bounds, pos_K[a:b] - lo, codes_K[a:b])
+
+    done = parallel_map(one, range(len(ranges)), workers)
+    before = np.cumsum([[0] * len(bounds)] + [d[0] for d in done], axis=0)  # [range, class]: members before it
+    ranks = [np.concatenate([d[1][c] + before[r][c] for r, d in enumerate(done)]) for c in range(len(bounds))]
+    codes = [np.concatenate([d[2][c] for d in done]) for c in range(len(bounds))]
+    top_pos = np.concatenate([d[3] + lo for d, (lo, _) in zip(done, ranges, strict=True)])
+    return before[-1].tolist(), ranks, codes, top_pos, np.concatenate([d[4] for d in done])
+
+
+def _merge_native(
+    parts: Sequence[np.ndarray],
+    mask: int,
+    bounds: list[int],
+    members_C: list[int],
+    runs: list[tuple[np.ndarray, np.ndarray]],
+    top: tuple[np.ndarray, np.ndarray],
+    counts: Sequence[int],
+    what: str,
+    workers: int,
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`native.class_merge`, and for one large tensor with `workers` > 1, in position ranges side by side: the
+    class counts before each range first (`native.class_counts` of the ranges before the last, side by side), then
+    each range merges the ranks and top positions that fall in it, rebased to it, and must use them all; the
+    ranges' members must add up to the header's. Any rank or position out of order or range is left unused by
+    the range it falls to, which refuses."""
+    n = parts[0].size
+    if workers <= 1 or len(parts) != 1 or n < PARALLEL_MIN:
+        return native.class_merge(parts, mask, bounds, members_C, runs, top, counts, what)
+    ranges = _ranges(n, workers)
+    counted = parallel_map(lambda r: native.class_counts([parts[0][r[0] : r[1]]], mask, bounds), ranges[:-1], workers)
+    before = np.cumsum([[0] * len(bounds), *counted], axis=0)  # [range, class]: members before it
+    last = np.asarray(members_C) - before[-1]
+    if (last < 0).any():
+        raise PatchError(f"{what}: a class's member count differs from the header's")
+    members_R = [*np.diff(before, axis=0).tolist(), last.tolist()]
+
+    def cut(values: np.ndarray, at: Sequence[int]) -> np.ndarray:
+        return np.maximum.accumulate(np.searchsorted(values, at))  # monotonic even for unsorted (hostile) input
+
+    rank_cuts = [cut(ranks, [*before[:, c], np.iinfo(np.int64).max]) for c, (ranks, _) in enumerate(runs)]
+    top_cuts = cut(top[0], [lo for lo, _ in ranges] + [n])
+
+    def one(r: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = ranges[r]
+        sub = [
+            (ranks[rc[r] : rc[r + 1]] - before[r][c], diffs[rc[r] : rc[r + 1]])
+            for c, ((ranks, diffs), rc) in enumerate(zip(runs, rank_cuts, strict=True))
+        ]
+        t0, t1 = top_cuts[r], top_cuts[r + 1]
+        got = sum(int(rc[r + 1] - rc[r]) for rc in rank_cuts) + int(t1 - t0)
+        sub_top = (top[0][t0:t1] - lo, top[1][t0:t1])
+        (run,) = native.class_merge([parts[0][lo:hi]], mask, bounds, members_R[r], sub, sub_top, [got], what)
+        return run[0] + lo, run[1]
+
+    done = parallel_map(one, range(len(ranges)), workers)
+    if sum(r[0].size for r in done) != counts[0]:
+        raise PatchError(f"{what}: changes per tensor differ from the tensor list")
+    return [(np.concatenate([r[0] for r in done]), np.concatenate([r[1] for r in done]))]
 
 
 def _magnitudes_for_bounds(
@@ -361,7 +443,7 @@ def decode_segment(
     raw_U = decompress_exact(frame, code.raw_nbytes, what)
     mask = magnitude_mask(code.dtype)
     if native.enabled():
-        return _decode_native(code, raw_U, parts, counts, mask, what)
+        return _decode_native(code, raw_U, parts, counts, mask, what, workers)
     base_U = None
     if code.bounds:
         base_U = np.concatenate(parts) if len(parts) > 1 else parts[0]
@@ -430,6 +512,7 @@ def _decode_native(
     counts: Sequence[int],
     mask: int | None,
     what: str,
+    workers: int,
 ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
     """`decode_segment` by the compiled kernels: each class's ranks and differences, then one pass over the parts
     that enumerates the classes below the top and merges every class into one sorted run per tensor (member
@@ -459,5 +542,5 @@ def _decode_native(
         return _by_tensor(runs[-1:], parts, counts, what)
     assert mask is not None, "classes need a magnitude"
     members_C = [spec.members for spec in code.classes[:-1]]
-    merged = native.class_merge(parts, mask, code.bounds, members_C, runs[:-1], runs[-1], counts, what)
+    merged = _merge_native(parts, mask, code.bounds, members_C, runs[:-1], runs[-1], counts, what, workers)
     return [[run] if run[0].size else [] for run in merged]

@@ -196,6 +196,11 @@ def class_merge(
     return [(_array(pos, np.int64), _array(dif, dtype)) for pos, dif in out]
 
 
+def class_counts(parts: Sequence[np.ndarray], mask: int, bounds: list[int]) -> list[int]:
+    """Members of each class below the top in the segment that `parts` make up."""
+    return _pulse.class_counts(parts, parts[0].itemsize, mask, bounds)
+
+
 def bitmap_ranks(raw: np.ndarray, offset: int, n: int, count: int, what: str) -> np.ndarray:
     """Set bits (int64) of an n-bit field at raw[offset:]; zero padding and `count` bits set, else PatchError."""
     return _array(_checked(what, _pulse.bitmap_ranks, raw, offset, n, count), np.int64)

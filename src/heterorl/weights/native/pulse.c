@@ -1557,6 +1557,52 @@ static AI void class_prefix(PREFIX_ARGS) {
         }
 }
 
+/* class_counts' pass over one part: the members of each class, added to cnt. */
+#define COUNT_ARGS const Classes *cl, const void *base, size_t n, uint64_t *cnt
+static AI int count_pass(COUNT_ARGS, int use_wide) {
+    uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16], prefix[BLOCK_CHUNKS * MAX_CLASSES];
+    for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
+        size_t len = n - start < CHUNK * BLOCK_CHUNKS ? n - start : CHUNK * BLOCK_CHUNKS;
+        block_masks(cl, base, start, len, masks, use_wide);
+#ifdef HAVE_WIDE
+        if (use_wide)
+            class_prefix_wide(cl, len, masks, cnt, prefix);
+        else
+#endif
+            class_prefix(cl, len, masks, cnt, prefix);
+    }
+    return 0;
+}
+PASS_VARIANTS(count, COUNT_ARGS, cl, base, n, cnt)
+
+PyDoc_STRVAR(class_counts_doc, "class_counts(parts, itemsize, mask, bounds) -> [members per class below the top]\n\n"
+                               "The member count of each class below the top in the segment the parts make up (the "
+                               "class passes' first phase when a segment is cut into ranges for threads).");
+
+static PyObject *py_class_counts(PyObject *self, PyObject *args) {
+    int itemsize;
+    unsigned long long mask;
+    PyObject *parts_seq, *bounds, *out = NULL;
+    if (!PyArg_ParseTuple(args, "OiKO", &parts_seq, &itemsize, &mask, &bounds)) return NULL;
+    Classes clv, *cl = &clv;
+    Parts parts = {0, NULL};
+    if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds) || parts_get(parts_seq, itemsize, &parts))
+        goto done;
+    uint64_t cnt[MAX_CLASSES] = {0};
+    Py_BEGIN_ALLOW_THREADS;
+    for (Py_ssize_t i = 0; i < parts.n; i++) PASS(count, cl, parts.bufs[i].buf, (size_t)parts.bufs[i].len / itemsize, cnt);
+    Py_END_ALLOW_THREADS;
+    out = PyList_New(cl->nb);
+    for (int c = 0; out && c < cl->nb; c++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(cnt[c]);
+        if (v == NULL) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, c, v);
+    }
+done:
+    parts_release(&parts);
+    return out;
+}
+
 /* class_split's pass over one part of the segment (n elements from segment position off): its changes, from
  * pos[*jp] on, into their classes' Vecs (ranks, or flat positions for the top class, with codes); PASS_BAD for
  * positions out of order, PASS_NOMEM when a Vec cannot grow. A change's class comes from its magnitude (a table
@@ -1949,10 +1995,12 @@ static PyObject *py_class_merge(PyObject *self, PyObject *args) {
     int status = 0;
     Py_BEGIN_ALLOW_THREADS;
     size_t off = 0;
+    int short_part = 0; /* a part got fewer changes than the tensor list gives: said after the classes' checks,
+                         * which name the likelier cause (a rank out of order stops its class) */
     for (size_t i = 0; i < np && !status; i++) {
         size_t n = (size_t)parts.bufs[i].len / itemsize, o = 0;
         status = PASS(merge, cl, parts.bufs[i].buf, n, off, &runs, op[i], od[i], &o, cap[i]);
-        if (!status && o != cap[i]) status = PASS_COUNT;
+        short_part |= !status && o != cap[i];
         off += n;
     }
     if (status == PASS_COUNT) err = "changes per tensor differ from the tensor list";
@@ -1961,6 +2009,7 @@ static PyObject *py_class_merge(PyObject *self, PyObject *args) {
     for (int c = 0; c < nb && err == NULL; c++)
         if (cnt[c] != want[c]) err = "a class's member count differs from the header's";
         else if (nxt[c] != nch[c]) err = "a class's change ranks are not sorted members";
+    if (err == NULL && short_part) err = "changes per tensor differ from the tensor list";
     Py_END_ALLOW_THREADS;
     if (err) {
         PyErr_SetString(CodecError, err);
@@ -2134,6 +2183,7 @@ static PyMethodDef methods[] = {
     {"scatter", py_scatter, METH_VARARGS, scatter_doc},
     {"class_split", py_class_split, METH_VARARGS, class_split_doc},
     {"class_merge", py_class_merge, METH_VARARGS, class_merge_doc},
+    {"class_counts", py_class_counts, METH_VARARGS, class_counts_doc},
     {"bitmap_ranks", py_bitmap_ranks, METH_VARARGS, bitmap_ranks_doc},
     {"ranks_bitmap", py_ranks_bitmap, METH_VARARGS, ranks_bitmap_doc},
     {"empty", py_empty, METH_VARARGS, empty_doc},
