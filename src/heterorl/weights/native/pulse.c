@@ -1590,7 +1590,8 @@ static PyObject *py_class_counts(PyObject *self, PyObject *args) {
         goto done;
     uint64_t cnt[MAX_CLASSES] = {0};
     Py_BEGIN_ALLOW_THREADS;
-    for (Py_ssize_t i = 0; i < parts.n; i++) PASS(count, cl, parts.bufs[i].buf, (size_t)parts.bufs[i].len / itemsize, cnt);
+    for (Py_ssize_t i = 0; i < parts.n; i++)
+        PASS(count, cl, parts.bufs[i].buf, (size_t)parts.bufs[i].len / itemsize, cnt);
     Py_END_ALLOW_THREADS;
     out = PyList_New(cl->nb);
     for (int c = 0; out && c < cl->nb; c++) {
