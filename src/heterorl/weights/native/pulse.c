@@ -1366,10 +1366,9 @@ static void parts_release(Parts *p) {
  * element l of the chunk has a magnitude below bounds[c]. The bounds increase, so the masks nest; class c's
  * members in the chunk are lt[c] & ~lt[c-1] (lt[-1] = 0) and the top class's ~lt[nb-1]. A member's rank in its
  * class is the class's count before the chunk plus a popcount below its lane, and the counts advance by one
- * popcount per class and chunk, so no element is visited one by one but the changed ones (the enumeration of
- * every element below the top bound that this replaced took 68 of the 70M synthetic step's 215 ms v2 encode,
- * this pass 49; the decode's merge 75 -> 59). Masks are made a block of chunks at a time, so that the loop
- * that makes them is one call with the bounds in registers. */
+ * popcount per class and chunk, so no element is visited one by one but the changed ones (the passes this
+ * replaced enumerated every element below the top bound; docs/weight-sync.md has the figures). Masks are made a
+ * block of chunks at a time, so that the loop that makes them is one call with the bounds in registers. */
 #define CHUNK 64
 #define BLOCK_CHUNKS 64
 
@@ -1462,7 +1461,7 @@ static inline __attribute__((always_inline)) void block_masks(const Classes *cl,
 #define PASS_COUNT 3
 #ifdef HAVE_WIDE
 #define PASS_VARIANTS(NAME, ARGS, ...)                                                                            \
-    __attribute__((target("avx512f,avx512bw,popcnt,bmi2"))) static int NAME##_wide(ARGS) {                            \
+    __attribute__((target("avx512f,avx512bw,popcnt,bmi2"))) static int NAME##_wide(ARGS) {                       \
         return NAME##_pass(__VA_ARGS__, 1);                                                                        \
     }                                                                                                              \
     __attribute__((target_clones("popcnt", "default"))) static int NAME##_base(ARGS) {                            \
