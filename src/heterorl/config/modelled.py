@@ -70,16 +70,18 @@ class ModelledConfig(Strict):
         le=10_000.0,
         description="GB of the modelled raw weights (parameters x wire-dtype bytes) the learner's publish encodes per "
         "second (diff scan, patch and snapshot coding): a version is served that long after its step, beside the "
-        "next step, and a step's commit waits for the previous publish. heterorl's kernels: ~1-1.5 GB/s per thread "
-        "(`benchmarks/codec_speed.py`). None: encoding takes no virtual time.",
+        "next step, and a step's commit waits for the previous publish. heterorl's kernels per CPU-second on a 2-core "
+        "VM: ~2.6-4.8 GB/s (pulse), ~0.8-1.6 (pulse-ctx) (`benchmarks/codec_speed.py`). None: encoding takes no "
+        "virtual time.",
     )
     decode_gb_per_second: float | None = Field(
         None,
         gt=0.0,
         le=10_000.0,
         description="GB of the modelled raw weights a sampler decodes and checks per second: an update is applied "
-        "that long after it arrived, while the sampler keeps generating with what it holds. ~1.3-2 GB/s per thread "
-        "for a checked patch decode (`benchmarks/codec_speed.py`). None: decoding takes no virtual time.",
+        "that long after it arrived, while the sampler keeps generating with what it holds. A checked patch decode per "
+        "CPU-second on a 2-core VM: ~2.5-4.2 GB/s (pulse), ~1.3-1.7 (pulse-ctx) (`benchmarks/codec_speed.py`). None: "
+        "decoding takes no virtual time.",
     )
     upload_bytes_per_group: int | None = Field(
         None,
