@@ -1556,19 +1556,25 @@ static AI void class_prefix(PREFIX_ARGS) {
         }
 }
 
+/* A block's masks and its class counts before each chunk (cnt advanced past the block). */
+static AI void block_counts(const Classes *cl, const void *base, size_t start, size_t len, uint64_t *masks,
+                            uint64_t *cnt, uint64_t *prefix, int use_wide) {
+    block_masks(cl, base, start, len, masks, use_wide);
+#ifdef HAVE_WIDE
+    if (use_wide)
+        class_prefix_wide(cl, len, masks, cnt, prefix);
+    else
+#endif
+        class_prefix(cl, len, masks, cnt, prefix);
+}
+
 /* class_counts' pass over one part: the members of each class, added to cnt. */
 #define COUNT_ARGS const Classes *cl, const void *base, size_t n, uint64_t *cnt
 static AI int count_pass(COUNT_ARGS, int use_wide) {
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16], prefix[BLOCK_CHUNKS * MAX_CLASSES];
     for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
         size_t len = n - start < CHUNK * BLOCK_CHUNKS ? n - start : CHUNK * BLOCK_CHUNKS;
-        block_masks(cl, base, start, len, masks, use_wide);
-#ifdef HAVE_WIDE
-        if (use_wide)
-            class_prefix_wide(cl, len, masks, cnt, prefix);
-        else
-#endif
-            class_prefix(cl, len, masks, cnt, prefix);
+        block_counts(cl, base, start, len, masks, cnt, prefix, use_wide);
     }
     return 0;
 }
@@ -1626,13 +1632,7 @@ static AI int split_pass(SPLIT_ARGS, int use_wide) {
             rp[c] = (int64_t *)outp[c].data + outp[c].len;
             cp[c] = outc[c].data + outc[c].len * itemsize;
         }
-        block_masks(cl, base, start, len, masks, use_wide);
-#ifdef HAVE_WIDE
-        if (use_wide)
-            class_prefix_wide(cl, len, masks, cnt, prefix);
-        else
-#endif
-            class_prefix(cl, len, masks, cnt, prefix);
+        block_counts(cl, base, start, len, masks, cnt, prefix, use_wide);
         int status = split_changes(cl, lut, base, start, masks, prefix, pos, (int64_t)off, code, &j, jend, rp, cp);
         for (int c = 0; c <= nb; c++) {
             outp[c].len = (size_t)(rp[c] - (int64_t *)outp[c].data);
@@ -1754,18 +1754,38 @@ typedef struct {
 } Runs;
 
 /* Class c's changes in one chunk: its members there are mem, the lowest of rank first; those with ranks below
- * seen (= first + popcount(mem)) are marked in `changed` with their differences in lane_dif. */
-static AI void merge_class(Runs *r, int c, uint64_t mem, uint64_t first, uint64_t seen, uint64_t *changed,
-                           uint64_t *lane_dif, int itemsize) {
-    uint64_t skipped = first; /* the rank of mem's lowest set bit */
+ * seen (= first + popcount(mem)) are marked in `changed` with their differences in lane_dif. A change's lane is
+ * the (rank - first)-th set bit of mem: by pdep in the AVX-512 loop (`by_pdep`), else by clearing the bits below
+ * it. Returns the class's next rank (also kept in r->next_rank). */
+#ifdef HAVE_WIDE
+WIDE static inline int nth_set_bit_wide(uint64_t mem, uint64_t k) { return __builtin_ctzll(_pdep_u64(1ull << k, mem)); }
+#endif
+
+static AI uint64_t merge_class(Runs *r, int c, uint64_t mem, uint64_t first, uint64_t seen, uint64_t *changed,
+                               uint64_t *lane_dif, int itemsize, int by_pdep) {
+    const int64_t *rk = r->rk[c];
+    const char *df = r->df[c];
+    size_t i = r->nxt[c], nch = r->nch[c];
+    uint64_t next = r->next_rank[c], skipped = first, rest = mem; /* skipped: the rank of rest's lowest set bit */
     do {
-        for (; skipped < r->next_rank[c]; skipped++) mem &= mem - 1;
-        int lane = __builtin_ctzll(mem);
+        int lane;
+#ifdef HAVE_WIDE
+        if (by_pdep)
+            lane = nth_set_bit_wide(mem, next - first);
+        else
+#endif
+        {
+            for (; skipped < next; skipped++) rest &= rest - 1;
+            lane = __builtin_ctzll(rest);
+        }
         *changed |= 1ull << lane;
-        lane_dif[lane] = load_item(r->df[c], r->nxt[c], itemsize);
-        size_t i = ++r->nxt[c];
-        r->next_rank[c] = i < r->nch[c] && r->rk[c][i] > r->rk[c][i - 1] ? (uint64_t)r->rk[c][i] : UINT64_MAX;
-    } while (r->next_rank[c] < seen);
+        lane_dif[lane] = load_item(df, i, itemsize);
+        i++;
+        next = i < nch && rk[i] > rk[i - 1] ? (uint64_t)rk[i] : UINT64_MAX;
+    } while (next < seen);
+    r->nxt[c] = i;
+    r->next_rank[c] = next;
+    return next;
 }
 
 /* The rest of a chunk [at, end) of a part (positions in the part, which starts at segment position off): its
@@ -1825,19 +1845,7 @@ WIDE static int merge_block_wide(MERGE_BLOCK_ARGS) {
                 int c = __builtin_ctz(due);
                 const uint64_t mem = m[c + 1] & ~m[c], first = before[c];
                 const uint64_t seen = first + (uint64_t)__builtin_popcountll(mem);
-                const int64_t *rk = r->rk[c];
-                const char *df = r->df[c];
-                size_t i = r->nxt[c], nch = r->nch[c];
-                uint64_t next = r->next_rank[c];
-                do { /* the member of rank `next`: the (next - first)-th set bit of mem, by pdep */
-                    int lane = __builtin_ctzll(_pdep_u64(1ull << (next - first), mem));
-                    changed |= 1ull << lane;
-                    lane_dif[lane] = load_item(df, i, itemsize);
-                    i++;
-                    next = i < nch && rk[i] > rk[i - 1] ? (uint64_t)rk[i] : UINT64_MAX;
-                } while (next < seen);
-                r->nxt[c] = i;
-                r->next_rank[c] = next;
+                uint64_t next = merge_class(r, c, mem, first, seen, &changed, lane_dif, itemsize, 1);
                 if (c < 8) /* the vector lane too, without a round trip through memory */
                     next0 = _mm512_mask_set1_epi64(next0, (__mmask8)(1u << c), (long long)next);
                 else
@@ -1862,7 +1870,7 @@ static AI int merge_block(MERGE_BLOCK_ARGS) {
         for (int c = 0; c < nb; c++) {
             uint64_t mem = m[c + 1] & ~m[c], first = r->cnt[c], seen = first + (uint64_t)__builtin_popcountll(mem);
             r->cnt[c] = seen;
-            if (r->next_rank[c] < seen) merge_class(r, c, mem, first, seen, &changed, lane_dif, itemsize);
+            if (r->next_rank[c] < seen) merge_class(r, c, mem, first, seen, &changed, lane_dif, itemsize, 0);
         }
         size_t end = at + CHUNK < start + len ? at + CHUNK : start + len;
         int status = merge_chunk_out(r, at, end, off, ~m[nb], changed, lane_dif, op, od, o, cap, itemsize);
