@@ -9,7 +9,15 @@ import pytest
 import torch
 import zstandard as zstd
 
-from heterorl.weights import PatchError, apply_patch, apply_snapshot, encode_patch, encode_snapshot, load_snapshot
+from heterorl.weights import (
+    PatchError,
+    apply_patch,
+    apply_snapshot,
+    encode_patch,
+    encode_snapshot,
+    load_snapshot,
+    staged,
+)
 from heterorl.weights.format import CTX_FORMAT_VERSION, PREFIX, pack, unpack
 
 from ._helpers import bits_equal, clone, mutate, normal_weights
@@ -160,6 +168,23 @@ def test_validly_signed_but_malformed_v2_headers_are_rejected(pair_v2, edit):
     header = copy.deepcopy(blob.header)
     edit(header)
     assert_rejected(clone(base), pack(header, [bytes(blob.payload)], CTX_FORMAT_VERSION))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_bad_later_segment_reverts_the_tensors_written_before_it(pair_v2, workers, monkeypatch):
+    """Segments are decoded and written in place one after the other: counts that do not add up in the small
+    tensors' segment fail after the big tensor was written, which must then be reverted."""
+    written: list[int] = []
+    real = staged.apply_changes
+    monkeypatch.setattr(staged, "apply_changes", lambda tc: written.append(tc.view.size) or real(tc))
+    base, new = pair_v2
+    blob = unpack(encode_patch(base, new, context=True))
+    header = copy.deepcopy(blob.header)
+    MALICIOUS_V2_HEADERS["tensor_counts_swapped"](header)
+    bad = pack(header, [bytes(blob.payload)], CTX_FORMAT_VERSION)
+    assert_rejected(clone(base), bad, apply=lambda w, b: apply_patch(w, b, workers=workers))
+    if workers == 1:
+        assert written == [20_000]  # the big tensor was written, and taken back
 
 
 @pytest.mark.parametrize("edit", list(MALICIOUS_HEADERS.values()), ids=list(MALICIOUS_HEADERS))

@@ -27,7 +27,7 @@ from heterorl.weights.intcode import (
 )
 from heterorl.weights.patch import encode_patches
 from heterorl.weights.plain import decode_positions, gaps
-from heterorl.weights.staged import TensorChanges, chunk_elements, commit, result_digest, stage
+from heterorl.weights.staged import TensorChanges, apply_changes, chunk_elements, revert, stage
 
 from ._helpers import bits_equal, clone
 from .test_ctxpatch import large_pairs
@@ -211,31 +211,33 @@ def test_stream_checks_name_the_problem():
 
 @settings(max_examples=100, deadline=None)
 @given(bit_arrays())
-def test_staged_digest_and_commit_equal_the_reference(pair):
+def test_staged_apply_and_revert_equal_the_reference(pair):
+    """The in-place chunk pass writes the new bits and returns their digest; revert gives the base back, bit for
+    bit, in both paths."""
     base, new = pair
     if base.size == 0:
         return
     pos, delta, _, _ = scan_numpy(base, new, False, False)
-    results = []
+    digests = []
     for flag in (False, True):
         with native.use(flag):
             view = base.copy()
             tc = stage(view, [(pos, delta)] if pos.size else [])
-            digest = result_digest(tc)
-            assert np.array_equal(view, base)  # nothing written before the commit
-            commit(tc)
+            digests.append(apply_changes(tc))
             assert np.array_equal(view, new)
-            results.append((digest, tc.new.copy()))
-    assert results[0][0] == results[1][0] == scan_numpy(new, new, True, False)[2]
-    assert np.array_equal(results[0][1], results[1][1])
+            revert(tc)
+            assert np.array_equal(view, base)
+    assert digests[0] == digests[1] == scan_numpy(new, new, True, False)[2]
 
 
-def test_staged_kernel_refuses_positions_outside_their_chunks():
+def test_staged_kernel_refuses_positions_outside_their_chunks_and_writes_nothing():
     view = np.arange(chunk_elements(np.zeros(1, np.uint16)) * 2, dtype=np.uint16)
+    before = view.copy()
     local = np.array([view.size - 1, 0], np.int64)  # chunk 1 before chunk 0
-    tc = TensorChanges(view, local, np.ones(2, np.uint16), [0, 0, 2], np.empty(2, np.uint16))
+    tc = TensorChanges(view, local, np.ones(2, np.uint16), [0, 0, 2])
     with native.use(True), pytest.raises(PatchError, match="grouped by chunk"):
-        result_digest(tc)
+        apply_changes(tc)
+    assert np.array_equal(view, before)  # the element it had written was taken back
 
 
 @pytest.mark.parametrize("wide", WIDTHS)

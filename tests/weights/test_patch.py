@@ -124,8 +124,9 @@ def test_wrong_base_is_rejected_and_untouched(chain):
 @pytest.mark.parametrize("context", [False, True])
 @pytest.mark.parametrize("where", ["unchanged", "changed"])
 def test_a_base_one_bit_off_is_named_and_untouched(chain, context, where):
-    """The apply checks the result's hash, not the base's, before writing: one bit off in the held weights, at
-    an element the patch leaves alone or at one it changes, must still be caught and named as the wrong base."""
+    """The apply checks the result's hash, not the base's: one bit off in the held weights, at an element the
+    patch leaves alone or at one it changes, must still be caught, named as the wrong base, and every tensor
+    written in place reverted."""
     patch = encode_patch(chain[1], chain[2], context=context)
     differs = bits_view(chain[1]["a"]) != bits_view(chain[2]["a"])
     at = int(np.flatnonzero(differs if where == "changed" else ~differs)[0])
@@ -135,6 +136,44 @@ def test_a_base_one_bit_off_is_named_and_untouched(chain, context, where):
     with pytest.raises(PatchError, match="applies to base"):
         apply_patch(weights, patch)
     assert bits_equal(weights, held)
+
+
+@pytest.mark.parametrize("context", [False, True])
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failure_in_any_tensor_reverts_every_tensor_written(context, workers):
+    """Tensors are written in place as they are decoded: a bad base in the first, a middle or the last tensor,
+    caught by the result hash once all six were written, leaves all of them bit for bit as they were, in one
+    thread or two (a decoder's error after earlier writes: test_integrity)."""
+    rng = np.random.default_rng(5)
+    base = {f"t{i}": normal_weights((64, 48), torch.bfloat16, rng) for i in range(6)}
+    new = {k: mutate(t, 0.2, rng) for k, t in base.items()}
+    patch = encode_patch(base, new, context=context)
+    for bad in ("t0", "t3", "t5"):
+        weights = clone(base)
+        bits_view(weights[bad])[7:40] ^= np.uint16(0x0100)
+        held = clone(weights)
+        with pytest.raises(PatchError, match="applies to base"):
+            apply_patch(weights, patch, workers=workers)
+        assert bits_equal(weights, held), bad
+
+
+def test_tensors_sharing_memory_are_refused_before_any_write():
+    """A tied weight listed under two names would get its differences twice when written in place."""
+    rng = np.random.default_rng(6)
+    x = normal_weights((32, 16), torch.bfloat16, rng)
+    y = mutate(x, 0.3, rng)
+    patch = encode_patch({"embed": x, "head": x.clone()}, {"embed": y, "head": y.clone()})
+    tied = x.clone()
+    with pytest.raises(PatchError, match="'embed' and 'head' share memory"):
+        apply_patch({"embed": tied, "head": tied}, patch)
+    assert torch.equal(bits_view_t(tied), bits_view_t(x))
+    weights = {"embed": x.clone(), "head": x.clone()}
+    apply_patch(weights, patch)  # one tensor each: applied
+    assert bits_equal(weights, {"embed": y, "head": y})
+
+
+def bits_view_t(t: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(bits_view(t).copy())
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,10 @@
 """Codec speed: the compiled kernels against the numpy reference, both patch formats, one or more threads.
 
 Per (step, format, threads): encode (`encode_patch`: diff scan with the new weights' hash, coding, container) and
-checked decode (`apply_patch`: checksum, base hash, result hash on scratch chunks, in-place write), each the best
-of `repeats` steady-state calls, in GB of bf16 model bytes (2 x parameters) per second of process CPU time (the
-figure that does not move with other processes' load) and per wall second (what threads buy). The numpy
+checked decode (`apply_patch`: checksum, header checks, in-place write with the result hash, reverted on a
+mismatch), each the best of `repeats` steady-state calls, in GB of bf16 model bytes (2 x parameters) per second
+of process CPU time (the figure that does not move with other processes' load) and per wall second (what threads
+buy). The numpy
 reference runs in the same process right after (`native.use(False)`); the table gives native / numpy ratios, and
 every run checks that both paths wrote the same bytes and decoded the same bits. The load average is printed with
 every row: on a shared machine CPU-time figures still inflate when other processes contend for caches and memory.

@@ -13,8 +13,8 @@ Reported, all measured in the same run, for "pulse" (format v1, today's codec) a
   layout is the PULSE reference implementation's: each tensor viewed as 2-D (rows x rest), int32 row gaps +
   int32 column gaps (column absolute at each new row) + raw values, zstd-1 over the whole buffer;
 * the snapshot (kind "snapshot", byte planes + zstd) size and its encode / checked load speed;
-* encode GB/s (hashing base and new included) and decode GB/s (apply_patch: checksum, base hash, result hash
-  on scratch, in-place write), GB = bf16 model bytes (numel * 2) / seconds; the headline figures are steady
+* encode GB/s (hashing base and new included) and decode GB/s (apply_patch: checksum, header checks, in-place
+  write with the result hash), GB = bf16 model bytes (numel * 2) / seconds; the headline figures are steady
   state (best of `repeats` calls), the first call in a fresh process is reported too (it pays for page faults);
   a plain copy's GB/s and the load average before and after, to judge a shared machine's figures.
 

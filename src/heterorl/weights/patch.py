@@ -11,7 +11,8 @@ new_bits - base_bits. Two tensor layouts share one container (format.py):
   steps (docs/weight-sync.md).
 
 Either way the result is bit-identical and cannot drift: the arithmetic is integer and wraps exactly, and the
-result hash is checked on scratch memory before the weights are touched. The result hash covers every element,
+result hash is checked as the changes are written, which are reverted exactly if it (or anything) fails. The
+result hash covers every element,
 so it matches only if the receiver held the patch's base (an element that differed there would differ in the
 result) and every change decoded as it was coded; the base hash is computed when a check fails, to say which of
 the two went wrong. Multi-step merges add differences at shared positions (mod 2^width), which is exactly
@@ -370,31 +371,49 @@ def apply_patch(weights: StateDict, patch: Blobish, *, workers: int = 1) -> None
     """Apply a patch (format version 1 or 2) in place, or raise PatchError and leave `weights` untouched.
 
     Checked before the first write: magic, format version, lengths, checksum, header fields, tensor names,
-    dtypes, shapes, counts, stream sizes, position bounds, class sizes (v2), and the result hash (computed on
-    scratch chunks, staged.py), which only the patch's base with every change decoded right can produce. When a
-    check fails the base hash of `weights` is computed too, and a base that is not the patch's is what the error
-    names. Tensors must be contiguous CPU tensors (updated through a raw-bit view). `workers` threads decode and
-    hash tensors side by side.
+    dtypes, shapes, counts and stream sizes; per tensor as it is decoded: position bounds and class sizes (v2).
+    Then the changes are written tensor by tensor, each hashed as it is written (staged.py), and the result hash,
+    which only the patch's base with every change decoded right can produce, is compared with the patch's. On any
+    failure every tensor written is reverted exactly (the wrapped differences subtracted again), and a base that
+    is not the patch's is what the error names. Tensors must be contiguous CPU tensors (updated through a raw-bit
+    view), and nothing else may read them during the call. `workers` threads decode and hash tensors side by side.
     """
     header, payload = _parse(patch)
     metas = header.tensors
     check_matches(weights, metas)
     names = [m.name for m in metas]
     views = [writable_bits_view(weights[m.name], m.name) for m in metas]
+    _check_disjoint(names, views)
     if header.version == CTX_FORMAT_VERSION:
         units = ctxpatch.units(header.segments, header.counts, views, payload)
     else:
         units = _units_v1(header, payload)
     try:
-        verified = staged.prepare(units, views, workers)
+        applied = staged.apply_all(units, views, workers)  # reverts what it wrote if it raises
     except PatchError:
         _check_base(header.base_hash, weights)  # a v2 patch decoded against another base, most likely
         raise
-    result = _combine(names, weights, verified.result_digests)
+    result = None
+    try:
+        result = _combine(names, weights, applied.result_digests)
+    finally:
+        if result != header.result_hash:
+            applied.revert()
     if result != header.result_hash:
         _check_base(header.base_hash, weights)
         raise PatchError(f"patched weights would hash to {result}, the patch promises {header.result_hash}")
-    staged.commit_all(verified.changes, workers)
+
+
+def _check_disjoint(names: Sequence[str], views: Sequence[np.ndarray]) -> None:
+    """PatchError if two tensors share memory (a tied weight listed twice): written in place, the shared elements
+    would get their differences twice. Sorted by start, any overlap shows between neighbours."""
+    spans = sorted((v.ctypes.data, v.ctypes.data + v.nbytes, n) for n, v in zip(names, views, strict=True) if v.nbytes)
+    for (_, end, first), (start, _, second) in itertools.pairwise(spans):
+        if start < end:
+            raise PatchError(
+                f"tensors {first!r} and {second!r} share memory; patches are applied in place, so give each weight "
+                "its own tensor (named_parameters lists a tied weight once)"
+            )
 
 
 def _check_base(base_hash: str, weights: StateDict) -> None:

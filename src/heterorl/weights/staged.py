@@ -1,17 +1,23 @@
-"""Changes staged against the receiver's tensors: the result's digest first, the write only once it checked out.
+"""Changes applied to the receiver's tensors in place, each tensor's digest taken as they go, and taken back
+(exactly: wrapped differences subtract out) when anything fails.
 
-A decoded patch is, per tensor, positions and wrapped bit differences. Before anything is written the receiver
-needs the tensor's digest as it would be (the result check; it also proves the base: an element that differed
-from the patch's base would differ in the result). It comes from one pass over the tensor in chunks of
-CHUNK_BYTES: the chunk is read into L2, its new values are gathered and added there (base + difference, in
-cache: gathering them from the whole tensor afterwards would be a second, random pass over memory), the chunk is
-copied to a scratch buffer, patched and hashed. The tensor itself is read once and not written; `commit` then
-scatters the kept new values. Bytes touched per element of a bf16 tensor: 2 read by the chunk pass, plus the
-scatter's cache lines at commit (~60% of them at 3% changes), against a plain copy's 2 read + 2 written.
+A decoded patch is, per tensor, positions and wrapped bit differences. The receiver needs the tensor's digest as
+it would be (the result check; it also proves the base: an element that differed from the patch's base would
+differ in the result). It comes from one pass over the tensor in chunks of CHUNK_BYTES: the chunk's changed
+elements get base + difference in place, and the chunk is hashed while it is in cache. When a result digest does
+not match (or a decoder fails, or anything raises), every tensor already done gets `revert`: the same positions
+minus the same differences, which gives back the base bit for bit (addition modulo 2^width is undone by
+subtraction, whatever the values). The caller sees the weights untouched or patched, never between.
+
+Bytes touched per element of a bf16 tensor at 3% changes: 2 read and ~1.5 written back (the cache lines holding a
+change, ~75% of them), against a plain copy's 2 + 2. The way before this (hash a patched scratch copy of each
+chunk, then scatter the new values once every digest checked out) read the tensor twice and copied it once in
+cache; it cost ~45% more time for the same checks (docs/weight-sync.md, "The checked decode in place").
 
 A tensor's changes may come as several sorted, disjoint runs (v2's numpy reference decodes one per magnitude
 class); they are grouped by chunk with one radix sort of the chunk keys, so every chunk is patched with one
-scatter whatever the number of runs.
+scatter whatever the number of runs. Positions within a tensor are distinct (v1 codes gaps of at least one; v2's
+classes are disjoint), which the numpy reference's fancy-index add needs.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import xxhash
 
 from heterorl.weights import native
 
-CHUNK_BYTES = 1 << 18  # per chunk of a tensor: the chunk and its scratch copy (512 KB) stay in L2
+CHUNK_BYTES = 1 << 18  # per chunk of a tensor, in L2 from its writes to its hash (32 KB - 1 MB: the same speed)
 BIG = 1 << 22  # elements: a unit this large gets the workers to itself (for its decoder)
 
 Runs = list[tuple[np.ndarray, np.ndarray]]
@@ -34,13 +40,12 @@ Runs = list[tuple[np.ndarray, np.ndarray]]
 @dataclass
 class TensorChanges:
     """One tensor's staged changes: tensor-local positions grouped by chunk (`cuts[i]:cuts[i + 1]` are chunk
-    i's), their differences, and their new values once `digests` has computed them."""
+    i's) and their differences."""
 
-    view: np.ndarray  # the tensor's raw bits (written only by `commit`)
+    view: np.ndarray  # the tensor's raw bits (written by `apply_changes`, restored by `revert`)
     local: np.ndarray  # int64 positions in the tensor, chunk by chunk (sorted within a chunk for sorted runs)
     delta: np.ndarray  # wrapped differences, same order
     cuts: list[int]  # len(chunks) + 1 offsets into local / delta
-    new: np.ndarray  # new bits at `local` (filled by `result_digest`)
 
     @property
     def chunk(self) -> int:
@@ -77,8 +82,7 @@ def stage(view: np.ndarray, runs: Runs) -> TensorChanges:
 
 
 def _changes(view: np.ndarray, local: np.ndarray, delta: np.ndarray, cuts: list[int]) -> TensorChanges:
-    new = native.empty(local.size, view.dtype) if native.enabled() else np.empty(local.size, view.dtype)
-    return TensorChanges(view, local, delta, cuts, new)
+    return TensorChanges(view, local, delta, cuts)
 
 
 def _stage_runs(view: np.ndarray, runs: Runs, chunk: int, n_chunks: int) -> TensorChanges:
@@ -92,40 +96,32 @@ def _stage_runs(view: np.ndarray, runs: Runs, chunk: int, n_chunks: int) -> Tens
     return _changes(view, np.take(pos, order), np.take(delta, order), cuts)
 
 
-def result_digest(tc: TensorChanges) -> bytes:
-    """The tensor's digest after the changes, in one chunked pass that also fills `tc.new`. The compiled kernel
-    (one loop per tensor) when enabled."""
+def apply_changes(tc: TensorChanges) -> bytes:
+    """Write the changes into the tensor and return its digest after them, in one chunked pass. The compiled
+    kernel (one loop per tensor) when enabled; it leaves the tensor as it was if the positions are not grouped by
+    chunk."""
     view, chunk = tc.view, tc.chunk
     if native.enabled():
-        return native.stage_digest(view, tc.local, tc.delta, tc.new, chunk)
+        return native.apply_digest(view, tc.local, tc.delta, chunk)
     if not tc.count:  # the same bytes
         return xxhash.xxh3_128(view).digest()
     result_h = xxhash.xxh3_128()
-    scratch = np.empty(min(chunk, view.size), view.dtype)
     cuts = tc.cuts
     for i, start in enumerate(range(0, view.size, chunk)):
         part = view[start : start + chunk]
         lo, hi = cuts[i], cuts[i + 1]
-        if lo == hi:
-            result_h.update(part)
-            continue
-        idx = tc.local[lo:hi] - start
-        new = tc.new[lo:hi]
-        np.take(part, idx, out=new)
-        new += tc.delta[lo:hi]  # exact: unsigned arithmetic wraps mod 2^width
-        buf = scratch[: part.size]
-        np.copyto(buf, part)
-        buf[idx] = new
-        result_h.update(buf)
+        if lo < hi:
+            part[tc.local[lo:hi] - start] += tc.delta[lo:hi]  # exact: unsigned arithmetic wraps mod 2^width
+        result_h.update(part)
     return result_h.digest()
 
 
-def commit(tc: TensorChanges) -> None:
-    """Write the new values (after `result_digest` computed them and everything was checked)."""
+def revert(tc: TensorChanges) -> None:
+    """Undo `apply_changes`: the base's bits again, bit for bit."""
     if tc.count and native.enabled():
-        native.scatter(tc.view, tc.local, tc.new)
+        native.revert(tc.view, tc.local, tc.delta)
     elif tc.count:
-        tc.view[tc.local] = tc.new
+        tc.view[tc.local] -= tc.delta
 
 
 @dataclass(frozen=True)
@@ -140,18 +136,30 @@ class Unit:
 
 
 @dataclass(frozen=True)
-class Verified:
-    """Every tensor's staged changes and its digest after them, in tensor order."""
+class Applied:
+    """Every tensor's changes, written, and its digest after them, in tensor order."""
 
     changes: list[TensorChanges]
     result_digests: list[bytes]
 
+    def revert(self) -> None:
+        """Give every tensor its base back."""
+        _revert_all(self.changes)
 
-def prepare(units: Sequence[Unit], views: Sequence[np.ndarray], workers: int) -> Verified:
-    """Decode every unit, stage its changes and compute each tensor's digest after them, in `workers` threads.
+
+def _revert_all(changes: Sequence[TensorChanges | None]) -> None:
+    for tc in changes:
+        if tc is not None:
+            revert(tc)
+
+
+def apply_all(units: Sequence[Unit], views: Sequence[np.ndarray], workers: int) -> Applied:
+    """Decode every unit and apply its changes in place with each tensor's digest after them, in `workers`
+    threads. If anything raises (a decoder's PatchError, an interrupt), the tensors already written are reverted
+    before the exception leaves: the caller's weights are as they were.
 
     One task per unit does decode, staging and the chunk pass of its tensors, so with two threads one tends to
-    decode (small numpy operations, mostly holding the GIL) while the other hashes (xxh3 and the chunk copies
+    decode (small numpy operations, mostly holding the GIL) while the other hashes (xxh3 and the chunk pass
     release it). Units of BIG elements or more go first, one at a time, with all the workers for their decoder
     (which may split its own work).
     """
@@ -162,30 +170,25 @@ def prepare(units: Sequence[Unit], views: Sequence[np.ndarray], workers: int) ->
         per_tensor = unit.decode(threads)
         for j, runs in enumerate(per_tensor):
             tc = stage(views[unit.first + j], runs)
-            changes[unit.first + j], result[unit.first + j] = tc, result_digest(tc)
+            digest = apply_changes(tc)  # written only if it returns
+            changes[unit.first + j], result[unit.first + j] = tc, digest
 
-    if workers <= 1:
-        for unit in units:
-            run(unit, 1)
-    else:
-        small = [u for u in units if u.numel < BIG]
-        for unit in units:
-            if unit.numel >= BIG:
-                run(unit, workers)
-        with ThreadPoolExecutor(workers) as pool:
-            _wait([pool.submit(run, u, 1) for u in sorted(small, key=lambda u: -u.numel)])
+    try:
+        if workers <= 1:
+            for unit in units:
+                run(unit, 1)
+        else:
+            small = [u for u in units if u.numel < BIG]
+            for unit in units:
+                if unit.numel >= BIG:
+                    run(unit, workers)
+            with ThreadPoolExecutor(workers) as pool:  # leaving the block waits for every task
+                _wait([pool.submit(run, u, 1) for u in sorted(small, key=lambda u: -u.numel)])
+    except BaseException:
+        _revert_all(changes)
+        raise
     assert all(c is not None for c in changes)
-    return Verified(changes, result)  # type: ignore[arg-type]
-
-
-def commit_all(changes: Sequence[TensorChanges], workers: int) -> None:
-    """Write every tensor's new values (numpy releases the GIL for the scatters)."""
-    if workers <= 1:
-        for tc in changes:
-            commit(tc)
-        return
-    with ThreadPoolExecutor(workers) as pool:
-        _wait([pool.submit(commit, tc) for tc in sorted(changes, key=lambda tc: -tc.count)])
+    return Applied(changes, result)  # type: ignore[arg-type]
 
 
 def _wait(futures: Sequence[Future]) -> None:

@@ -407,7 +407,7 @@ class WeightReceiver:
     def apply(self, update: Update) -> bool:
         """Apply a store update in place; True if the receiver now holds update.version with a verified hash.
 
-        Everything is checked before the first weight is written: both blobs (checksums, headers, their versions
+        All or nothing (weights untouched on any refusal): both blobs (checksums, headers, their versions
         and hashes against the update's and against each other), the decoded result's hash, and its layout
         against the held weights. A snapshot (plus patch) is decoded into fresh tensors and copied in only then.
         """

@@ -137,14 +137,15 @@ def set_pool_limit(nbytes: int) -> int:
 
 
 # --- staged decode
-def stage_digest(view: np.ndarray, local: np.ndarray, delta: np.ndarray, new: np.ndarray, chunk: int) -> bytes:
-    """staged.result_digest's chunk pass (positions grouped by chunk)."""
-    return _checked("staged changes", _pulse.stage_digest, view, view.itemsize, local, delta, new, chunk)
+def apply_digest(view: np.ndarray, local: np.ndarray, delta: np.ndarray, chunk: int) -> bytes:
+    """staged.apply_changes's chunk pass, in place (positions grouped by chunk; if they are not, the tensor is
+    left as it was and PatchError raised)."""
+    return _checked("staged changes", _pulse.apply_digest, view, view.itemsize, local, delta, chunk)
 
 
-def scatter(view: np.ndarray, local: np.ndarray, new: np.ndarray) -> None:
-    """view[local] = new."""
-    _checked("commit", _pulse.scatter, view, view.itemsize, local, new)
+def revert(view: np.ndarray, local: np.ndarray, delta: np.ndarray) -> None:
+    """view[local] -= delta, wrapping (undoes apply_digest)."""
+    _checked("revert", _pulse.revert, view, view.itemsize, local, delta)
 
 
 # --- magnitude classes

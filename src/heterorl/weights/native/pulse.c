@@ -1,6 +1,6 @@
 /* Compiled kernels of the PULSE codec (heterorl.weights): the diff scan with its hashes, the integer-stream
- * coding of intcode.py, the magnitude-class passes of the v2 format, and the checked decode's chunk pass and
- * scatter. Each kernel is the numpy reference's algorithm in one loop (tests compare bytes and results bit for
+ * coding of intcode.py, the magnitude-class passes of the v2 format, and the checked decode's in-place chunk pass
+ * and its revert. Each kernel is the numpy reference's algorithm in one loop (tests compare bytes and results bit for
  * bit); each releases the GIL for its whole loop, so threads over tensors run side by side.
  *
  * Arrays come in through the buffer protocol (numpy arrays, bytes, memoryviews); arrays of unknown length come
@@ -1180,119 +1180,102 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------------------ staged */
-PyDoc_STRVAR(stage_digest_doc,
-             "stage_digest(view, itemsize, positions, differences, new_out, chunk) -> result digest\n\nOne chunked "
-             "pass over a tensor's bits: each chunk copied to a scratch buffer, its changed elements set to base + "
-             "difference (also written to new_out), and hashed: the digest the tensor would have after the changes. "
-             "Positions must be grouped by chunk in chunk order and lie in the tensor.");
+/* view[pos[t]] += (sign) dif[t] for t in [lo, hi), in the element width */
+static void add_changes(char *view, int itemsize, const int64_t *pos, const char *dif, size_t lo, size_t hi, int sign) {
+#define ADD_LOOP(T)                                                                                                \
+    for (size_t t = lo; t < hi; t++) {                                                                             \
+        T d = ((const T *)dif)[t];                                                                                 \
+        ((T *)view)[pos[t]] = (T)(((T *)view)[pos[t]] + (sign > 0 ? d : (T)(0 - d)));                              \
+    }
+    switch (itemsize) {
+    case 2: ADD_LOOP(uint16_t) break;
+    case 4: ADD_LOOP(uint32_t) break;
+    case 1: ADD_LOOP(uint8_t) break;
+    default: ADD_LOOP(uint64_t) break;
+    }
+#undef ADD_LOOP
+}
 
-static PyObject *py_stage_digest(PyObject *self, PyObject *args) {
-    Py_buffer vb, pb, db, ob;
+PyDoc_STRVAR(apply_digest_doc,
+             "apply_digest(view, itemsize, positions, differences, chunk) -> result digest\n\nOne chunked pass over "
+             "a tensor's bits, in place: each chunk's changed elements set to base + difference, then the chunk "
+             "hashed while it is in cache. Positions must be grouped by chunk in chunk order; when they are not, "
+             "what was written is subtracted again and the tensor is as it was.");
+
+static PyObject *py_apply_digest(PyObject *self, PyObject *args) {
+    Py_buffer vb, pb, db;
     int itemsize;
     Py_ssize_t chunk;
-    if (!PyArg_ParseTuple(args, "y*iy*y*w*n", &vb, &itemsize, &pb, &db, &ob, &chunk)) return NULL;
+    if (!PyArg_ParseTuple(args, "w*iy*y*n", &vb, &itemsize, &pb, &db, &chunk)) return NULL;
     PyObject *out = NULL;
     XXH3_state_t *sr = XXH3_createState();
-    char *scratch = NULL;
-    size_t scratch_cap = 0;
     if (check_itemsize(itemsize)) goto done;
     size_t n = (size_t)vb.len / itemsize, count = (size_t)pb.len / 8;
-    if (vb.len % itemsize || pb.len % 8 || (size_t)db.len != count * itemsize || (size_t)ob.len != count * itemsize ||
-        chunk <= 0) {
-        PyErr_SetString(PyExc_ValueError, "stage_digest: sizes do not fit");
+    if (vb.len % itemsize || pb.len % 8 || (size_t)db.len != count * itemsize || chunk <= 0) {
+        PyErr_SetString(PyExc_ValueError, "apply_digest: sizes do not fit");
         goto done;
     }
-    scratch = pool_get((size_t)chunk * itemsize, &scratch_cap);
-    if (sr == NULL || scratch == NULL) {
+    if (sr == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     XXH3_128bits_reset(sr);
-    const char *view = vb.buf;
+    char *view = vb.buf;
     const int64_t *pos = pb.buf;
     const char *dif = db.buf;
-    char *nv = ob.buf;
-    int bad = 0;
-    Py_BEGIN_ALLOW_THREADS;
     size_t j = 0;
+    Py_BEGIN_ALLOW_THREADS;
     for (size_t start = 0; start < n; start += (size_t)chunk) {
-        size_t end = n - start < (size_t)chunk ? n : start + (size_t)chunk, len = (end - start) * itemsize;
-        const char *part = view + start * itemsize;
+        size_t end = n - start < (size_t)chunk ? n : start + (size_t)chunk;
         size_t j0 = j;
         while (j < count && pos[j] >= (int64_t)start && pos[j] < (int64_t)end) j++;
-        if (j == j0) {
-            HASH_UPDATE(sr, part, len);
-            continue;
-        }
-        memcpy(scratch, part, len);
-#define PATCH_LOOP(T)                                                                                              \
-    for (size_t t = j0; t < j; t++) {                                                                              \
-        size_t i = (size_t)pos[t] - start;                                                                         \
-        T v = (T)(((const T *)part)[i] + ((const T *)dif)[t]);                                                     \
-        ((T *)nv)[t] = v;                                                                                          \
-        ((T *)scratch)[i] = v;                                                                                     \
+        add_changes(view, itemsize, pos, dif, j0, j, 1);
+        HASH_UPDATE(sr, view + start * itemsize, (end - start) * itemsize);
     }
-        switch (itemsize) {
-        case 2: PATCH_LOOP(uint16_t) break;
-        case 4: PATCH_LOOP(uint32_t) break;
-        case 1: PATCH_LOOP(uint8_t) break;
-        default: PATCH_LOOP(uint64_t) break;
-        }
-#undef PATCH_LOOP
-        HASH_UPDATE(sr, scratch, len);
-    }
-    bad = j != count;
+    if (j != count) add_changes(view, itemsize, pos, dif, 0, j, -1); /* only positions inside their chunk were added */
     Py_END_ALLOW_THREADS;
-    if (bad) {
+    if (j != count) {
         PyErr_SetString(CodecError, "changed positions are not grouped by chunk within the tensor");
         goto done;
     }
     out = digest_bytes(sr);
 done:
-    pool_put(scratch, scratch_cap);
     XXH3_freeState(sr);
     PyBuffer_Release(&vb);
     PyBuffer_Release(&pb);
     PyBuffer_Release(&db);
-    PyBuffer_Release(&ob);
     return out;
 }
 
-PyDoc_STRVAR(scatter_doc, "scatter(view, itemsize, positions, values) -> None\n\nview[positions] = values.");
+PyDoc_STRVAR(revert_doc, "revert(view, itemsize, positions, differences)\n\nview[positions] -= differences "
+                         "(wrapping): undoes apply_digest. Every position must lie in the tensor.");
 
-static PyObject *py_scatter(PyObject *self, PyObject *args) {
-    Py_buffer vb, pb, nb;
+static PyObject *py_revert(PyObject *self, PyObject *args) {
+    Py_buffer vb, pb, db;
     int itemsize;
-    if (!PyArg_ParseTuple(args, "w*iy*y*", &vb, &itemsize, &pb, &nb)) return NULL;
+    if (!PyArg_ParseTuple(args, "w*iy*y*", &vb, &itemsize, &pb, &db)) return NULL;
     PyObject *out = NULL;
     if (check_itemsize(itemsize)) goto done;
     size_t n = (size_t)vb.len / itemsize, count = (size_t)pb.len / 8;
-    if (pb.len % 8 || (size_t)nb.len != count * itemsize) {
-        PyErr_SetString(PyExc_ValueError, "scatter: sizes do not fit");
+    if (vb.len % itemsize || pb.len % 8 || (size_t)db.len != count * itemsize) {
+        PyErr_SetString(PyExc_ValueError, "revert: sizes do not fit");
         goto done;
     }
     const int64_t *pos = pb.buf;
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS;
     for (size_t t = 0; t < count; t++) bad |= pos[t] < 0 || (size_t)pos[t] >= n;
-    if (!bad) {
-        switch (itemsize) {
-        case 1: for (size_t t = 0; t < count; t++) ((uint8_t *)vb.buf)[pos[t]] = ((const uint8_t *)nb.buf)[t]; break;
-        case 2: for (size_t t = 0; t < count; t++) ((uint16_t *)vb.buf)[pos[t]] = ((const uint16_t *)nb.buf)[t]; break;
-        case 4: for (size_t t = 0; t < count; t++) ((uint32_t *)vb.buf)[pos[t]] = ((const uint32_t *)nb.buf)[t]; break;
-        default: for (size_t t = 0; t < count; t++) ((uint64_t *)vb.buf)[pos[t]] = ((const uint64_t *)nb.buf)[t]; break;
-        }
-    }
+    if (!bad) add_changes(vb.buf, itemsize, pos, db.buf, 0, count, -1);
     Py_END_ALLOW_THREADS;
     if (bad) {
-        PyErr_SetString(CodecError, "scatter: a position lies outside the tensor");
+        PyErr_SetString(CodecError, "revert: a position lies outside the tensor");
         goto done;
     }
     out = Py_NewRef(Py_None);
 done:
     PyBuffer_Release(&vb);
     PyBuffer_Release(&pb);
-    PyBuffer_Release(&nb);
+    PyBuffer_Release(&db);
     return out;
 }
 
@@ -2187,8 +2170,8 @@ static PyMethodDef methods[] = {
     {"decode_positions", py_decode_positions, METH_VARARGS, decode_positions_doc},
     {"decode_diffs", py_decode_diffs, METH_VARARGS, decode_diffs_doc},
     {"dense_decode", py_dense_decode, METH_VARARGS, dense_decode_doc},
-    {"stage_digest", py_stage_digest, METH_VARARGS, stage_digest_doc},
-    {"scatter", py_scatter, METH_VARARGS, scatter_doc},
+    {"apply_digest", py_apply_digest, METH_VARARGS, apply_digest_doc},
+    {"revert", py_revert, METH_VARARGS, revert_doc},
     {"class_split", py_class_split, METH_VARARGS, class_split_doc},
     {"class_merge", py_class_merge, METH_VARARGS, class_merge_doc},
     {"class_counts", py_class_counts, METH_VARARGS, class_counts_doc},
