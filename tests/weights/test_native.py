@@ -234,7 +234,7 @@ def test_staged_kernel_refuses_positions_outside_their_chunks_and_writes_nothing
     view = np.arange(chunk_elements(np.zeros(1, np.uint16)) * 2, dtype=np.uint16)
     before = view.copy()
     local = np.array([view.size - 1, 0], np.int64)  # chunk 1 before chunk 0
-    tc = TensorChanges(view, local, np.ones(2, np.uint16), [0, 0, 2])
+    tc = TensorChanges(view, local, np.ones(2, np.uint16))
     with native.use(True), pytest.raises(PatchError, match="grouped by chunk"):
         apply_changes(tc)
     assert np.array_equal(view, before)  # the element it had written was taken back

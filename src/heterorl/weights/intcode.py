@@ -442,7 +442,9 @@ def decompress_exact(frame: memoryview, raw_nbytes: int, what: str) -> np.ndarra
         if len(frame):
             raise PatchError(f"{what}: {len(frame)} payload bytes for an empty stream")
         return np.zeros(0, np.uint8)
-    dctx = _local.__dict__.setdefault("decompressor", zstd.ZstdDecompressor())
+    dctx = getattr(_local, "decompressor", None)
+    if dctx is None:  # one per thread, made once (a context is ~100 KB of tables to allocate)
+        dctx = _local.decompressor = zstd.ZstdDecompressor()
     try:
         params = zstd.get_frame_parameters(frame)
         if params.content_size != raw_nbytes:

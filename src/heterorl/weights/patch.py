@@ -383,7 +383,7 @@ def apply_patch(weights: StateDict, patch: Blobish, *, workers: int = 1) -> None
     check_matches(weights, metas)
     names = [m.name for m in metas]
     views = [writable_bits_view(weights[m.name], m.name) for m in metas]
-    _check_disjoint(names, views)
+    _check_disjoint(names, [weights[n] for n in names])
     if header.version == CTX_FORMAT_VERSION:
         units = ctxpatch.units(header.segments, header.counts, views, payload)
     else:
@@ -404,10 +404,14 @@ def apply_patch(weights: StateDict, patch: Blobish, *, workers: int = 1) -> None
         raise PatchError(f"patched weights would hash to {result}, the patch promises {header.result_hash}")
 
 
-def _check_disjoint(names: Sequence[str], views: Sequence[np.ndarray]) -> None:
+def _check_disjoint(names: Sequence[str], tensors: Sequence[torch.Tensor]) -> None:
     """PatchError if two tensors share memory (a tied weight listed twice): written in place, the shared elements
     would get their differences twice. Sorted by start, any overlap shows between neighbours."""
-    spans = sorted((v.ctypes.data, v.ctypes.data + v.nbytes, n) for n, v in zip(names, views, strict=True) if v.nbytes)
+    spans = sorted(
+        (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), n)
+        for n, t in zip(names, tensors, strict=True)
+        if t.numel()
+    )
     for (_, end, first), (start, _, second) in itertools.pairwise(spans):
         if start < end:
             raise PatchError(

@@ -39,13 +39,12 @@ Runs = list[tuple[np.ndarray, np.ndarray]]
 
 @dataclass
 class TensorChanges:
-    """One tensor's staged changes: tensor-local positions grouped by chunk (`cuts[i]:cuts[i + 1]` are chunk
-    i's) and their differences."""
+    """One tensor's staged changes: tensor-local positions grouped by chunk, in chunk order, and their
+    differences."""
 
     view: np.ndarray  # the tensor's raw bits (written by `apply_changes`, restored by `revert`)
     local: np.ndarray  # int64 positions in the tensor, chunk by chunk (sorted within a chunk for sorted runs)
     delta: np.ndarray  # wrapped differences, same order
-    cuts: list[int]  # len(chunks) + 1 offsets into local / delta
 
     @property
     def chunk(self) -> int:
@@ -54,6 +53,11 @@ class TensorChanges:
     @property
     def count(self) -> int:
         return int(self.local.size)
+
+    def cuts(self) -> list[int]:
+        """Offsets into local / delta where each chunk's changes start, and the end."""
+        keys = self.local // self.chunk  # in order: grouped by chunk
+        return np.searchsorted(keys, np.arange(_chunks(self.view.size, self.chunk) + 1)).tolist()
 
 
 def chunk_elements(view: np.ndarray) -> int:
@@ -69,31 +73,22 @@ def stage(view: np.ndarray, runs: Runs) -> TensorChanges:
     """A tensor's changes from `runs`: (sorted tensor-local positions, differences), runs disjoint. Positions
     must already be bounds-checked."""
     runs = [r for r in runs if r[0].size]
-    chunk = chunk_elements(view)
-    n_chunks = _chunks(view.size, chunk)
     if not runs:
-        return _changes(view, np.zeros(0, np.int64), np.zeros(0, view.dtype), [0] * (n_chunks + 1))
+        return TensorChanges(view, np.zeros(0, np.int64), np.zeros(0, view.dtype))
     if len(runs) == 1:
-        pos, delta = runs[0]
-        cuts = np.searchsorted(pos, np.arange(0, view.size + chunk, chunk)[: n_chunks + 1])
-        cuts[-1] = pos.size
-        return _changes(view, pos, delta, cuts.tolist())
-    return _stage_runs(view, runs, chunk, n_chunks)
+        return TensorChanges(view, *runs[0])
+    return _stage_runs(view, runs)
 
 
-def _changes(view: np.ndarray, local: np.ndarray, delta: np.ndarray, cuts: list[int]) -> TensorChanges:
-    return TensorChanges(view, local, delta, cuts)
-
-
-def _stage_runs(view: np.ndarray, runs: Runs, chunk: int, n_chunks: int) -> TensorChanges:
+def _stage_runs(view: np.ndarray, runs: Runs) -> TensorChanges:
     """Several runs: key every change by its chunk, stable radix sort by key."""
     pos = np.concatenate([r[0] for r in runs])
     delta = np.concatenate([r[1] for r in runs])
+    chunk = chunk_elements(view)
     key = pos // chunk
-    key_dtype = np.uint16 if n_chunks <= 1 << 16 else np.int64  # 16-bit keys: numpy's stable sort is a radix sort
+    key_dtype = np.uint16 if _chunks(view.size, chunk) <= 1 << 16 else np.int64  # 16 bits: a radix sort
     order = np.argsort(key.astype(key_dtype), kind="stable")
-    cuts = np.concatenate(([0], np.cumsum(np.bincount(key, minlength=n_chunks)))).tolist()
-    return _changes(view, np.take(pos, order), np.take(delta, order), cuts)
+    return TensorChanges(view, np.take(pos, order), np.take(delta, order))
 
 
 def apply_changes(tc: TensorChanges) -> bytes:
@@ -106,7 +101,7 @@ def apply_changes(tc: TensorChanges) -> bytes:
     if not tc.count:  # the same bytes
         return xxhash.xxh3_128(view).digest()
     result_h = xxhash.xxh3_128()
-    cuts = tc.cuts
+    cuts = tc.cuts()
     for i, start in enumerate(range(0, view.size, chunk)):
         part = view[start : start + chunk]
         lo, hi = cuts[i], cuts[i + 1]
