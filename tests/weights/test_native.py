@@ -189,6 +189,32 @@ def test_stream_decoding_equals_the_reference_on_any_bytes(stream, seed, flips):
     assert np.array_equal(want, got)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 3000),
+    st.integers(0, 6),
+    st.sampled_from([0.0, 0.03, 0.5]),
+    st.integers(0, 3),
+)
+def test_16bit_codes_split_below_a_byte_decode_as_the_reference(seed, n, k, escape_rate, flips):
+    """decode_diffs' byte-table path (16-bit codes, k < 8: a packed byte's symbols from one table entry, bytes
+    with an escape symbol by symbol): the reference's values, or its refusal, on valid and corrupted streams,
+    all-ones codes (a zero change) included."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 3 << k, n).astype(np.uint16)
+    wide = rng.random(n) < escape_rate
+    codes[wide] = rng.choice(np.array([3 << k, 0x1234, 0xFFFE, 0xFFFF], np.uint16), int(wide.sum()))
+    spec, parts = encode_uints(codes, k)
+    raw = np.concatenate([np.asarray(p, np.uint8) for p in parts]) if parts else np.zeros(0, np.uint8)
+    if raw.size and flips:
+        raw[rng.integers(0, raw.size, flips)] ^= rng.integers(1, 256, flips).astype(np.uint8)
+    want = _outcome(lambda: decode_values(raw, n, spec, np.uint16, "t"))
+    got = _outcome(lambda: native.decode_diffs(raw, 0, n, spec, np.uint16, "t"))
+    assert type(want) is type(got)
+    assert np.array_equal(want, got)
+
+
 def test_stream_checks_name_the_problem():
     x = np.array([0, 1, 2, 700], np.uint32)
     spec, parts = encode_uints(x, 0)

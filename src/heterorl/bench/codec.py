@@ -1,13 +1,13 @@
 """Codec speed: the compiled kernels against the numpy reference, both patch formats, one or more threads.
 
-Per (step, format, threads): encode (`encode_patch`: diff scan with the new weights' hash, coding, container) and
-checked decode (`apply_patch`: checksum, header checks, in-place write with the result hash, reverted on a
-mismatch), each the best of `repeats` steady-state calls, in GB of bf16 model bytes (2 x parameters) per second
-of process CPU time (the figure that does not move with other processes' load) and per wall second (what threads
-buy). The numpy
-reference runs in the same process right after (`native.use(False)`); the table gives native / numpy ratios, and
-every run checks that both paths wrote the same bytes and decoded the same bits. The load average is printed with
-every row: on a shared machine CPU-time figures still inflate when other processes contend for caches and memory.
+Per (step, format, threads): encode (`encode_patch` as the store calls it, the base's hash known: diff scan with
+the new weights' hash, coding, container) and checked decode (`apply_patch`: checksum, header checks, in-place
+write with the result hash, reverted on a mismatch), each the best of `repeats` steady-state calls, in GB of bf16
+model bytes (2 x parameters) per second of process CPU time (the figure that does not move with other processes'
+load) and per wall second (what threads buy). The numpy reference runs in the same process right after
+(`native.use(False)`); the table gives native / numpy ratios, and every run checks that both paths wrote the
+same bytes and decoded the same bits. The load average is printed with every row: on a shared machine CPU-time
+figures still inflate when other processes contend for caches and memory.
 
     python benchmarks/codec_speed.py        # synthetic 70M and Qwen3 ~90M (lr 1e-6), 1 and 2 threads
     python benchmarks/codec_speed.py --threads 1 16 --steps synthetic
@@ -28,6 +28,7 @@ import xxhash
 from heterorl.bench.steps import step_pair
 from heterorl.weights import native
 from heterorl.weights.format import StateDict, bits_view
+from heterorl.weights.hashing import state_hash
 from heterorl.weights.patch import apply_patch, encode_patch
 
 FORMATS = {"pulse (v1)": False, "pulse-ctx (v2)": True}
@@ -55,7 +56,8 @@ def measure_format(
 ) -> dict[str, float | bytes]:
     """Encode and checked-decode seconds (CPU and wall) of one format at `threads`, in the current kernel mode."""
     weights = {k: v.clone() for k, v in base.items()}
-    encode = lambda: encode_patch(base, new, context=context, workers=threads)  # noqa: E731
+    base_hash = state_hash(base)  # known to the encoder, as the store knows its previous version's
+    encode = lambda: encode_patch(base, new, context=context, workers=threads, base_hash=base_hash)  # noqa: E731
     patch = encode()  # warm-up: page faults, pools, zstd contexts
     back = encode_patch(new, base, context=context, workers=threads)
     enc_cpu, enc_wall, _ = _best(encode, repeats)

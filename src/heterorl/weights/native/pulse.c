@@ -1066,6 +1066,60 @@ done:
     return out;
 }
 
+/* The differences of a 16-bit value-code stream split below a byte (k < 8: no lo planes), a packed byte at a
+ * time: a byte none of whose symbols escapes gives its PER differences from a table built for the stream's r
+ * (one 16-, 32- or 64-bit store); a byte with an escape, and the last byte's symbols, go symbol by symbol as in
+ * STREAM_DECODE_AT. Same values and the same first error; ~4x fewer cycles per value than the per-symbol loop. */
+static const char *decode_codes16_small(const Stream *s, uint16_t *dif) {
+    const int r = s->k, per = 8 / (r + 2), width = r + 2;
+    const uint8_t smask = per == 1 ? 0xFF : (uint8_t)((1u << width) - 1);
+    const uint8_t *pk = s->buf, *es = pk + (s->count + per - 1) / per;
+    uint64_t table[256];
+    uint8_t has_escape[256];
+    for (int b = 0; b < 256; b++) {
+        uint64_t word = 0;
+        int esc = 0;
+        for (int q = 0; q < per; q++) {
+            unsigned sym = (unsigned)(b >> (width * q)) & smask;
+            esc |= r < 6 ? (sym >> r) == ESCAPE : sym >= (unsigned)(ESCAPE << r);
+            unsigned zz = (sym + 1) & 0xFFFF;
+            word |= (uint64_t)(uint16_t)((zz >> 1) ^ (zz & 1 ? 0xFFFF : 0)) << (16 * q);
+        }
+        table[b] = word;
+        has_escape[b] = (uint8_t)esc;
+    }
+    const size_t count = s->count, full = count / per, bytes = full + (count % per != 0);
+    size_t e = 0;
+    for (size_t g = 0; g < bytes; g++) {
+        uint8_t byte = pk[g];
+        if (g < full && !has_escape[byte]) {
+            uint64_t word = table[byte];
+            switch (per) { /* the stores' width as a constant */
+            case 4: memcpy(dif + 4 * g, &word, 8); break;
+            case 2: memcpy(dif + 2 * g, &word, 4); break;
+            default: dif[g] = (uint16_t)word;
+            }
+            continue;
+        }
+        for (int q = 0; q < per && g * per + q < count; q++) {
+            unsigned sym = (unsigned)(byte >> (width * q)) & smask;
+            uint64_t x = sym;
+            if (r < 6 ? (sym >> r) == ESCAPE : sym >= (unsigned)(ESCAPE << r)) {
+                uint64_t h = 0;
+                for (int j = 0; j < s->ew; j++) h |= (uint64_t)es[j * s->escapes + e] << (8 * j);
+                e++;
+                if (h > ~0ull - ESCAPE || (s->bits - s->k < 64 && h + ESCAPE >= (1ull << (s->bits - s->k))))
+                    return "escaped value overflows the stream's integer width";
+                x = ((h + ESCAPE) << r) | (sym & ((1u << r) - 1));
+            }
+            if (x == 0xFFFF && s->escapes) return "a value code decodes to a zero change";
+            uint64_t zz = (x + 1) & 0xFFFF;
+            dif[g * per + q] = (uint16_t)((zz >> 1) ^ (zz & 1 ? 0xFFFF : 0));
+        }
+    }
+    return NULL;
+}
+
 PyDoc_STRVAR(decode_diffs_doc,
              "decode_diffs(raw, offset, count, k, escapes, escape_width, itemsize) -> differences Buf\n\nWrapped "
              "differences from a value-code stream (codes zigzag(d) - 1 of itemsize bytes); a code that decodes "
@@ -1089,7 +1143,9 @@ static PyObject *py_decode_diffs(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS;
     err = stream_check(s);
     int table = s->k < 8 && s->escapes == 0; /* intcode.decode_values looks such codes up, no zero check */
-    if (err == NULL && itemsize == 2) { /* bf16 / fp16: the width as a constant */
+    if (err == NULL && itemsize == 2 && s->k < 8) {
+        err = decode_codes16_small(s, (uint16_t *)dif);
+    } else if (err == NULL && itemsize == 2) { /* bf16 / fp16: the width as a constant */
         STREAM_DECODE({
             if (x == 0xFFFF && !table) {
                 err = "a value code decodes to a zero change";
