@@ -215,6 +215,34 @@ def test_16bit_codes_split_below_a_byte_decode_as_the_reference(seed, n, k, esca
     assert np.array_equal(want, got)
 
 
+@settings(max_examples=150, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 3000),
+    st.integers(3, 6),
+    st.sampled_from([0.0, 0.02, 0.5]),
+    st.integers(0, 3),
+    st.integers(-2, 1),
+)
+def test_byte_gap_streams_decode_as_the_reference(seed, n, k, escape_rate, flips, slack):
+    """decode_positions' byte path (k = 3..6: a symbol per byte, the bound checked at escapes and at the end):
+    the reference's positions, or its refusal, with escapes, corrupted bytes and a limit around the last
+    position."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.integers(0, 3 << k, n).astype(np.uint32)
+    wide = rng.random(n) < escape_rate
+    gaps[wide] = rng.integers(3 << k, 1 << 20, int(wide.sum()))
+    spec, parts = encode_uints(gaps, k)
+    raw = np.concatenate([np.asarray(p, np.uint8) for p in parts])
+    if flips:
+        raw[rng.integers(0, raw.size, flips)] ^= rng.integers(1, 256, flips).astype(np.uint8)
+    limit = int(gaps.astype(np.int64).sum()) + n + slack  # the last position is limit - 1 - slack
+    want = _outcome(lambda: decode_positions(decode_uints(raw, n, spec, np.uint32), limit, "t"))
+    got = _outcome(lambda: native.decode_positions(raw, 0, n, spec, 32, limit, "t"))
+    assert type(want) is type(got)
+    assert np.array_equal(want, got)
+
+
 def test_stream_checks_name_the_problem():
     x = np.array([0, 1, 2, 700], np.uint32)
     spec, parts = encode_uints(x, 0)

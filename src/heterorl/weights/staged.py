@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -119,8 +120,7 @@ def revert(tc: TensorChanges) -> None:
         tc.view[tc.local] -= tc.delta
 
 
-@dataclass(frozen=True)
-class Unit:
+class Unit(NamedTuple):  # a tuple: one is made per tensor of every patch applied
     """What one decode task covers: tensors [first, first + size) and how to decode their changes (per tensor, its
     runs), given a thread count for the decoder's own parallel work (v2 class enumeration of a big tensor)."""
 

@@ -1024,6 +1024,35 @@ bad:
     return -1;
 }
 
+/* Positions from a gap stream whose symbols are whole bytes (k = 3..6: one symbol per byte, no lo planes, the
+ * gap streams of most tensors): a byte that does not escape is the gap itself, so the loop is a load, an add and
+ * a store; the bound is checked once at the end for those (p only grows, by at most 256 a step, so it cannot
+ * wrap before), and at every escape, where a gap may be large. */
+static const char *decode_gap_bytes(const Stream *s, uint64_t lim, int64_t *pos) {
+    const int r = s->k;
+    const uint8_t *pk = s->buf, *es = pk + s->count;
+    const unsigned esc_lo = ESCAPE << r, esc_w = 1u << r; /* r = 6 too: the top quarter [192, 256) */
+    const size_t count = s->count;
+    uint64_t p = ~0ull; /* p_(-1) = -1 */
+    size_t e = 0;
+    for (size_t i = 0; i < count; i++) {
+        unsigned b = pk[i];
+        if (__builtin_expect((unsigned)(b - esc_lo) < esc_w, 0)) {
+            uint64_t h = 0;
+            for (int j = 0; j < s->ew; j++) h |= (uint64_t)es[j * s->escapes + e] << (8 * j);
+            e++;
+            if (h > ~0ull - ESCAPE || (s->bits - s->k < 64 && h + ESCAPE >= (1ull << (s->bits - s->k))))
+                return "escaped value overflows the stream's integer width";
+            uint64_t x = ((h + ESCAPE) << r) | (b & (esc_w - 1));
+            if (x >= lim || (p = p + x + 1) >= lim) return "positions run past its elements";
+        } else {
+            p += (uint64_t)b + 1;
+        }
+        pos[i] = (int64_t)p;
+    }
+    return count && p >= lim ? "positions run past its elements" : NULL;
+}
+
 PyDoc_STRVAR(decode_positions_doc,
              "decode_positions(raw, offset, count, k, escapes, escape_width, bits, limit) -> positions int64 Buf\n\n"
              "Sorted positions from a gap stream (gaps - 1 of `bits`-bit integers), each checked to lie in "
@@ -1044,7 +1073,9 @@ static PyObject *py_decode_positions(PyObject *self, PyObject *args) {
     const char *err = NULL;
     Py_BEGIN_ALLOW_THREADS;
     err = stream_check(s);
-    if (err == NULL) {
+    if (err == NULL && s->k >= 3 && s->k <= 6) {
+        err = decode_gap_bytes(s, (uint64_t)limit, pos);
+    } else if (err == NULL) {
         uint64_t p = ~0ull, lim = (uint64_t)limit; /* p_(-1) = -1 */
         STREAM_DECODE({
             if (x >= lim || (p = p + x + 1) >= lim) {
