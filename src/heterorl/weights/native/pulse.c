@@ -932,7 +932,7 @@ static void init_escapes_in_byte(void) {
     }
 }
 
-static const char *stream_check(const Stream *s) {
+static const char *padding_check(const Stream *s) {
     int n_lo = s->k / 8, r = s->k % 8, per = 8 / (r + 2);
     size_t packed = (s->count + per - 1) / per;
     const uint8_t *pk = s->buf + n_lo * s->count;
@@ -942,6 +942,18 @@ static const char *stream_check(const Stream *s) {
          * the reference, which unpacks bytes by table) */
         if ((pk[packed - 1] & ((1u << full) - 1)) >> used) return "non-zero padding after the last packed symbol";
     }
+    return NULL;
+}
+
+#define ESCAPES_DIFFER "stream's escape fields do not match its spec"
+
+/* The padding, and the escape fields counted against the spec (before a decode loop that trusts the count). */
+static const char *stream_check(const Stream *s) {
+    const char *err = padding_check(s);
+    if (err) return err;
+    int n_lo = s->k / 8, r = s->k % 8, per = 8 / (r + 2);
+    size_t packed = (s->count + per - 1) / per;
+    const uint8_t *pk = s->buf + n_lo * s->count;
     /* the escape fields counted: a symbol per byte escapes iff its byte lies in [3 << r, 4 << r) (r = 6: the top
      * quarter), a compare the compiler vectorizes; several per byte by table */
     size_t esc = 0;
@@ -952,7 +964,7 @@ static const char *stream_check(const Stream *s) {
         const uint8_t *table = escapes_in_byte[r];
         for (size_t b = 0; b < packed; b++) esc += table[pk[b]];
     }
-    if (esc != s->escapes) return "stream's escape fields do not match its spec";
+    if (esc != s->escapes) return ESCAPES_DIFFER;
     return NULL;
 }
 
@@ -1026,7 +1038,7 @@ bad:
 
 /* Positions from a gap stream whose symbols are whole bytes (k = 3..6: one symbol per byte, no lo planes, the
  * gap streams of most tensors): a byte that does not escape is the gap itself, so the loop is a load, an add and
- * a store; the bound is checked once at the end for those (p only grows, by at most 256 a step, so it cannot
+ * a store (the escapes counted against the spec as they come); the bound is checked once at the end for those (p only grows, by at most 256 a step, so it cannot
  * wrap before), and at every escape, where a gap may be large. */
 static const char *decode_gap_bytes(const Stream *s, uint64_t lim, int64_t *pos) {
     const int r = s->k;
@@ -1038,6 +1050,7 @@ static const char *decode_gap_bytes(const Stream *s, uint64_t lim, int64_t *pos)
     for (size_t i = 0; i < count; i++) {
         unsigned b = pk[i];
         if (__builtin_expect((unsigned)(b - esc_lo) < esc_w, 0)) {
+            if (e == s->escapes) return ESCAPES_DIFFER;
             uint64_t h = 0;
             for (int j = 0; j < s->ew; j++) h |= (uint64_t)es[j * s->escapes + e] << (8 * j);
             e++;
@@ -1050,6 +1063,7 @@ static const char *decode_gap_bytes(const Stream *s, uint64_t lim, int64_t *pos)
         }
         pos[i] = (int64_t)p;
     }
+    if (e != s->escapes) return ESCAPES_DIFFER;
     return count && p >= lim ? "positions run past its elements" : NULL;
 }
 
@@ -1072,8 +1086,9 @@ static PyObject *py_decode_positions(PyObject *self, PyObject *args) {
     int64_t *pos = posp;
     const char *err = NULL;
     Py_BEGIN_ALLOW_THREADS;
-    err = stream_check(s);
-    if (err == NULL && s->k >= 3 && s->k <= 6) {
+    int bytes = s->k >= 3 && s->k <= 6; /* counts its escapes as it goes */
+    err = bytes ? padding_check(s) : stream_check(s);
+    if (err == NULL && bytes) {
         err = decode_gap_bytes(s, (uint64_t)limit, pos);
     } else if (err == NULL) {
         uint64_t p = ~0ull, lim = (uint64_t)limit; /* p_(-1) = -1 */
@@ -1098,7 +1113,7 @@ done:
 }
 
 /* The differences of a 16-bit value-code stream split below a byte (k < 8: no lo planes), a packed byte at a
- * time: a byte none of whose symbols escapes gives its PER differences from a table built for the stream's r
+ * time (the escapes counted against the spec as they come, so only the padding is checked before): a byte none of whose symbols escapes gives its PER differences from a table built for the stream's r
  * (one 16-, 32- or 64-bit store); a byte with an escape, and the last byte's symbols, go symbol by symbol as in
  * STREAM_DECODE_AT. Same values and the same first error; ~4x fewer cycles per value than the per-symbol loop. */
 static const char *decode_codes16_small(const Stream *s, uint16_t *dif) {
@@ -1136,6 +1151,7 @@ static const char *decode_codes16_small(const Stream *s, uint16_t *dif) {
             unsigned sym = (unsigned)(byte >> (width * q)) & smask;
             uint64_t x = sym;
             if (r < 6 ? (sym >> r) == ESCAPE : sym >= (unsigned)(ESCAPE << r)) {
+                if (e == s->escapes) return ESCAPES_DIFFER;
                 uint64_t h = 0;
                 for (int j = 0; j < s->ew; j++) h |= (uint64_t)es[j * s->escapes + e] << (8 * j);
                 e++;
@@ -1148,7 +1164,7 @@ static const char *decode_codes16_small(const Stream *s, uint16_t *dif) {
             dif[g * per + q] = (uint16_t)((zz >> 1) ^ (zz & 1 ? 0xFFFF : 0));
         }
     }
-    return NULL;
+    return e == s->escapes ? NULL : ESCAPES_DIFFER;
 }
 
 PyDoc_STRVAR(decode_diffs_doc,
@@ -1172,9 +1188,10 @@ static PyObject *py_decode_diffs(PyObject *self, PyObject *args) {
     int bits = 8 * itemsize;
     uint64_t mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
     Py_BEGIN_ALLOW_THREADS;
-    err = stream_check(s);
+    int small = itemsize == 2 && s->k < 8; /* counts its escapes as it goes */
+    err = small ? padding_check(s) : stream_check(s);
     int table = s->k < 8 && s->escapes == 0; /* intcode.decode_values looks such codes up, no zero check */
-    if (err == NULL && itemsize == 2 && s->k < 8) {
+    if (err == NULL && small) {
         err = decode_codes16_small(s, (uint16_t *)dif);
     } else if (err == NULL && itemsize == 2) { /* bf16 / fp16: the width as a constant */
         STREAM_DECODE({
