@@ -590,7 +590,7 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
     uint64_t xs[SAMPLE * 2 + 2];
     uint64_t top = 0;
     size_t isz = kind == 1 ? 8 : (size_t)itemsize; /* the sample's elements lie a stride apart: one cache line each, */
-    for (size_t t = 0; t < total; t++) {          /* so all are requested before any is read */
+    for (size_t t = 0; step * isz >= 64 && t < total; t++) { /* so all are requested before any is read */
         __builtin_prefetch((const char *)src + t * step * isz);
         if (kind == 1 && t) __builtin_prefetch((const char *)src + (t * step - 1) * isz);
     }
@@ -598,19 +598,21 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
         xs[t] = stream_value(src, t * step, itemsize, kind);
         if (xs[t] > top) top = xs[t];
     }
-    /* the sample's small values (below 4 x its size: most of a gap or code stream's) as a histogram, the others as
-     * a list: they give the median, and each candidate is priced per distinct small value and per large one
-     * instead of per sample element (a code stream's sample holds a few large codes among many 0s and 1s) */
-    static __thread uint32_t dense_tls[4 * (SAMPLE * 2 + 2)];
-    uint32_t *dense = dense_tls; /* looked up once: each use of dense_tls was a __tls_get_addr call */
-    uint64_t cap = 4 * (uint64_t)total, large[SAMPLE * 2 + 2], top_small = 0;
-    size_t n_large = 0, n_small;
-    memset(dense, 0, (top < cap ? top + 1 : cap) * sizeof dense[0]);
+    /* the sample's small values (below 4 x its size: most of a gap or code stream's) as a histogram with the list
+     * of values that occur, the others as a list: they give the median, and each candidate is priced per distinct
+     * small value and per large one instead of per sample element (a code stream's sample holds a few large codes
+     * among many 0s and 1s). The histogram is cleared after use through that list, not by a memset of its range
+     * before: a code stream's range runs to 4 x the sample size (~11 us a stream with both, then ~2) */
+    static __thread uint32_t dense_tls[4 * (SAMPLE * 2 + 2)]; /* all zero between calls */
+    uint32_t *dense = dense_tls;
+    __asm__("" : "+r"(dense)); /* an opaque pointer: else GCC calls __tls_get_addr again in the loops below */
+    uint64_t cap = 4 * (uint64_t)total, large[SAMPLE * 2 + 2];
+    uint32_t distinct[SAMPLE * 2 + 2]; /* the small values that occur, in order of first occurrence */
+    size_t n_large = 0, n_small, n_distinct = 0;
     for (size_t t = 0; t < total; t++) {
         uint64_t x = xs[t];
         if (x < cap) {
-            dense[x]++;
-            top_small = x > top_small ? x : top_small;
+            if (!dense[x]++) distinct[n_distinct++] = (uint32_t)x;
         } else {
             large[n_large++] = x;
         }
@@ -633,9 +635,8 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
         uint64_t rmask = (1ull << r) - 1, limit = (uint64_t)ESCAPE << k;
         size_t *hist = hists[nk], escaped = 0;
         memset(hist, 0, sizeof hists[0]);
-        for (uint64_t v = 0; n_small && v <= top_small; v++) {
-            if (!dense[v]) continue;
-            uint64_t y = v >> (8 * n_lo), sym = (y & rmask) | ((uint64_t)ESCAPE << r);
+        for (size_t d = 0; d < n_distinct; d++) { /* integer counts: the same histogram in any order */
+            uint64_t v = distinct[d], y = v >> (8 * n_lo), sym = (y & rmask) | ((uint64_t)ESCAPE << r);
             hist[y < sym ? y : sym] += dense[v];
             escaped += v >= limit ? dense[v] : 0;
         }
@@ -645,7 +646,7 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
             escaped += large[t] >= limit;
         }
         double sum = 0.0;
-        for (int v = 0; v < 256; v++) sum += clog2c[hist[v]];
+        for (int v = 0; v < 4 << r; v++) sum += clog2c[hist[v]]; /* symbols lie below 4 << r (the rest: +0.0) */
         double entropy = log2((double)total) - sum / (double)total;
         int esc_bytes = escaped ? width_of((top >> k) - ESCAPE) : 0;
         double cost = 8.0 * n_lo + entropy + 8.0 * esc_bytes * (double)escaped / (double)total;
@@ -658,6 +659,7 @@ static int choose_k(const void *src, size_t count, int itemsize, int kind, int b
         }
         costs[nk++] = cost;
     }
+    for (size_t d = 0; d < n_distinct; d++) dense[distinct[d]] = 0;
     /* A candidate with the same lo bytes, symbol histogram and escape bytes costs exactly the same in both
      * implementations (the first wins in both); any other within REFINE is too close to call here. */
     for (int i = 0; i < nk; i++)
