@@ -138,6 +138,14 @@ def test_stream_parts_equal_the_reference(stream):
 
 
 @settings(max_examples=100, deadline=None)
+@given(bit_arrays(), st.integers(1, 300))
+def test_sampled_changes_equal_the_reference(pair, step):
+    """dense.is_dense's sample: the elements 0, step, 2 step, ... that differ."""
+    base, new = pair
+    assert native.sampled_changes(base, new, step) == int(np.count_nonzero(base[::step] != new[::step]))
+
+
+@settings(max_examples=100, deadline=None)
 @given(bit_arrays())
 def test_gap_and_code_streams_equal_the_reference(pair):
     """Gaps of sorted positions and value codes of differences, computed inside the kernel."""

@@ -59,6 +59,8 @@ def is_dense(base_U: np.ndarray, new_U: np.ndarray) -> bool:
     if base_U.size < DENSE_MIN_NUMEL:
         return False
     step = _stride(base_U.size)
+    if native.enabled():
+        return _dense(native.sampled_changes(base_U, new_U, step), base_U.size)
     return _dense(int(np.count_nonzero(base_U[::step] != new_U[::step])), base_U.size)
 
 

@@ -85,6 +85,11 @@ def scan(base_U: np.ndarray, new_U: np.ndarray, hash_base: bool, hash_new: bool)
 
 
 # --- dense tensors (dense.py)
+def sampled_changes(base_U: np.ndarray, new_U: np.ndarray, step: int) -> int:
+    """np.count_nonzero(base_U[::step] != new_U[::step])."""
+    return _pulse.sampled_changes(base_U, new_U, base_U.itemsize, step)
+
+
 def dense_codes(base_U: np.ndarray, new_U: np.ndarray, hash_base: bool, hash_new: bool) -> tuple:
     """dense.codes_numpy: (zigzag(new - base) of every element, changed elements, base digest, new digest)."""
     out, changed, db, dn = _pulse.dense_codes(base_U, new_U, base_U.itemsize, hash_base, hash_new)

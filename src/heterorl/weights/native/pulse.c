@@ -463,6 +463,34 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(sampled_changes_doc, "sampled_changes(base, new, itemsize, step) -> count\n\nHow many of the elements "
+                                  "0, step, 2 step, ... differ between base and new (dense.is_dense's sample).");
+
+static PyObject *py_sampled_changes(PyObject *self, PyObject *args) {
+    Py_buffer bb, nb;
+    int itemsize;
+    Py_ssize_t step;
+    if (!PyArg_ParseTuple(args, "y*y*in", &bb, &nb, &itemsize, &step)) return NULL;
+    PyObject *out = NULL;
+    if (check_itemsize(itemsize)) goto done;
+    if (bb.len != nb.len || bb.len % itemsize || step < 1) {
+        PyErr_SetString(PyExc_ValueError, "sampled_changes: sizes do not fit");
+        goto done;
+    }
+    size_t n = (size_t)bb.len / itemsize, changed = 0;
+    for (size_t i = 0; i < n; i += (size_t)step) { /* a cache line each: all requested before any is read */
+        __builtin_prefetch((const char *)bb.buf + i * itemsize);
+        __builtin_prefetch((const char *)nb.buf + i * itemsize);
+    }
+    for (size_t i = 0; i < n; i += (size_t)step)
+        changed += load_item(bb.buf, i, itemsize) != load_item(nb.buf, i, itemsize);
+    out = PyLong_FromSize_t(changed);
+done:
+    PyBuffer_Release(&bb);
+    PyBuffer_Release(&nb);
+    return out;
+}
+
 /* ------------------------------------------------------------------------------------------------ dense codes */
 /* A dense tensor's changes (dense.py): every element's code zigzag(new - base) (0 = unchanged, 1, 2 = -1, +1, ...),
  * in the elements' width, computed while the chunk is hashed. */
@@ -2271,6 +2299,7 @@ static PyObject *py_set_pool_limit(PyObject *self, PyObject *args) {
 /* ------------------------------------------------------------------------------------------------ module */
 static PyMethodDef methods[] = {
     {"scan", py_scan, METH_VARARGS, scan_doc},
+    {"sampled_changes", py_sampled_changes, METH_VARARGS, sampled_changes_doc},
     {"dense_codes", py_dense_codes, METH_VARARGS, dense_codes_doc},
     {"encode_uints", py_encode_uints, METH_VARARGS, encode_uints_doc},
     {"decode_positions", py_decode_positions, METH_VARARGS, decode_positions_doc},
