@@ -210,7 +210,7 @@ def encode_versions(
                 codes, count, db, dn = dense.scan_device(b, n, hash_base, hash_new)
                 return _Diff(None, None, db, dn, codes, count)
             return _Diff(*scan_device(b, n, hash_base, hash_new))
-        base_U, new_U = bits_view(b.detach()), bits_view(n.detach())
+        base_U, new_U = bits_view(b.detach() if b.requires_grad else b), bits_view(n.detach() if n.requires_grad else n)
         if dense_ok and dense.is_dense(base_U, new_U):
             codes, count, db, dn = dense.scan(base_U, new_U, hash_base, hash_new)
             return _Diff(None, None, db, dn, codes, count)
@@ -296,7 +296,11 @@ def estimate_nbytes(changes: Sequence[tuple[np.ndarray, np.ndarray]], numels: Se
     value_bits = 0.0
     if total:
         step = max(1, total // _VALUE_SAMPLE)
-        codes = np.concatenate([zigzag_minus_one(c[1][::step]).astype(np.uint64) for c in changes if c[1].size])
+        by_width: dict[np.dtype, list[np.ndarray]] = {}  # one zigzag per width, not per tensor
+        for c in changes:
+            if c[1].size:
+                by_width.setdefault(c[1].dtype, []).append(c[1][::step])
+        codes = np.concatenate([zigzag_minus_one(np.concatenate(s)).astype(np.uint64) for s in by_width.values()])
         big = codes >= _VALUE_BINS - 1  # these share a bin and cost their own bits on top
         hist = np.bincount(np.minimum(codes, _VALUE_BINS - 1).astype(np.intp), minlength=_VALUE_BINS)
         q = hist[hist > 0] / codes.size
