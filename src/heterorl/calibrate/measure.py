@@ -4,16 +4,15 @@
   time), as the simulator spends it (`tokens / tokens_per_second`);
 - the learner's cost: busy seconds of each step (`trained` event) = step_seconds + seconds_per_token * tokens, by
   least squares (neither part negative);
-- a link's weights direction: the arrival of each update the sampler was waiting for (`weights` event time minus
-  its `apply_s`) after the learner committed the version (`published` time minus its encode `seconds`: the
-  simulator publishes when a step ends) = delay + bytes * 8 / rate, fitted on the update's bytes; waiting means
-  its next pull was at the learner: the version was committed at least half an upload round trip after the
-  previous update arrived (committed sooner, the rest of that pull's way read as weights delay: on the WAN lab's
-  0.3 s link the rollout direction came out 0.10 s);
-- its rollout direction: each upload's round trip (`replied`: rtt, bytes) less the seconds the learner spent on it
-  (`handled`: decoding, screening, journaling the groups; a per-group cost that would otherwise read as a slow
-  link) = rollout delay + bytes * 8 / rate + the reply's way back (the weights direction's delay measured from the
-  `published` time, without the encode);
+- a link's one-way delays: half of each upload's round trip (`replied`: rtt) less the seconds the learner spent
+  on it (`handled`: decoding, screening, journaling the groups; a per-group cost that would otherwise read as a
+  slow link), for both directions; the link is written as `tcp`, so the simulator plays handshakes, slow start
+  and slow start after idle on top of them;
+- a direction's rate: the slope of its transfer times on bytes (weights: the updates the sampler was waiting for,
+  its next pull at the learner, from the version's commit -- `published` time less its encode `seconds` -- to its
+  arrival -- the `weights` event less its `apply_s`; rollouts: the round trips), kept only where its largest
+  transfer was bandwidth-bound (longer than a round trip to serialise at that rate): a window-bound transfer's
+  time per byte is TCP's rounds, which the `tcp` model plays;
 - start-up: each sampler's first `started` after the learner's clock began (`listening` time minus `elapsed`), and
   how long its first update took from there;
 - the learner's intake per group: the `handled` seconds of every upload with groups over their groups (all
@@ -25,16 +24,14 @@
 
 A sampler that was never measured somewhere gets a stand-in, said in a note, rather than the config's nominal
 figure (a live config's `tokens_per_second` is a simulator setting no live sampler follows): a speed, the mean of
-the measured samplers' speeds; a weights direction with no update it waited for (its round trips split evenly
-between the directions), a rate from its first update: that update's bytes over its time from `started` less the
-two one-way delays (a first snapshot on a long link is mostly slow start: it took 14.3 s on the lab's 1 s link,
-where the delay alone says 2 s).
+the measured samplers' speeds. (An earlier version took a rate from a sampler's first update alone, slow start
+included; applied to every later update it made a 0.3 s link's patches seconds long in the simulator.)
 
 The first item of each series (a sampler's first chunk, the learner's first step) is left out when there are more
 than `WARMUP_KEEP_FROM` items: it carries one-time costs (lazy initialisation) a long run amortises.
 A rate is kept only where the sizes varied by at least `MIN_SIZE_SPREAD` of the largest (a 543-545 byte series of
 patches cannot tell a transfer rate from jitter: a chance slope over 2 bytes once read as a 74 kbit/s link) and the
-fit's slope is significantly positive; else the transfer time stays inside the measured delays.
+fit's slope is significantly positive; else the direction has no rate.
 """
 
 from __future__ import annotations
@@ -190,46 +187,59 @@ def link_direction(x: list[float], y: list[float]) -> LinkDirection:
     return LinkDirection(fit, rate, [max(0.0, yi - per_byte * xi) for xi, yi in zip(x, y, strict=True)])
 
 
+def bandwidth_rate(
+    direction: LinkDirection, sizes: list[float], rtt: float, what: str, notes: list[str]
+) -> LinkDirection:
+    """`direction` with its rate kept only where its largest transfer was bandwidth-bound: at that rate it takes
+    longer than a round trip to serialise. Shorter transfers are window-bound (their time per byte is TCP's rounds,
+    which the simulator's `tcp` model plays itself; four patches of 58-129 kB on a 100 Mbit/s lab link once fitted
+    16 Mbit/s, which throttled the calibrated run to 0.86x of the live one)."""
+    rate = direction.rate_mbps
+    if rate is None or not sizes:
+        return direction
+    if max(sizes) * 8.0 / (rate.value * BITS_PER_MEGABIT) > rtt:
+        return direction
+    notes.append(
+        f"{what}: transfers up to {max(sizes) / 1e3:.4g} kB were window-bound (a round trip is {rtt:.3g} s): "
+        f"no rate (their fitted {rate.value:.3g} Mbit/s is TCP's rounds, which the simulator plays)"
+    )
+    return LinkDirection(direction.fit, None, direction.delays)
+
+
 def link_calibration(cal: SamplerCalibration, log: SamplerLog, published: dict[int, dict[str, Any]]) -> list[str]:
-    """Fill the link figures of one sampler; returns notes on what could not be measured."""
+    """Fill the link figures of one sampler; returns notes on what could not be measured.
+
+    Each direction's one-way delay is half an upload's round trip less the learner's handling of it (an upload
+    is a few segments on a warm connection: one round; how a round trip splits between the directions cannot be
+    told from two hosts' clocks). The calibrated link is `tcp`, so handshakes, slow start and slow start after
+    idle are played by the simulator, not folded into the delays. A direction's rate is the slope of its transfer
+    times on bytes (weights: updates it waited for, from the version's commit; rollouts: the round trips), kept
+    where it is measurable and its transfers were bandwidth-bound (`bandwidth_rate`)."""
     notes = []
     uploads = [e for e in log.of("replied") if "rtt" in e]
+    if not uploads:
+        notes.append(f"{cal.name}: no upload round trips (`replied` events): its link is not measured")
+        return notes
     rtts = [max(float(e["rtt"]) - float(e.get("handled", 0.0)), 0.0) for e in uploads]
-    arrivals = weight_arrivals(log, published, _median(rtts) / 2.0 if rtts else 0.0)
-    back = None  # the reply's way back: the weights direction's delay without the encode
-    if arrivals:
-        cal.weights = link_direction([float(b) for b, _, _ in arrivals], [d for _, d, _ in arrivals])
-        per_byte = cal.weights.fit.slope.value if cal.weights.rate_mbps is not None else 0.0
-        back = _median([max(0.0, p - per_byte * b) for b, _, p in arrivals])
-    else:
-        notes.append(f"{cal.name}: no weight update arrived while it waited: its weights delay is not measured")
-    if uploads:
-        cal.rtt = mean_estimate([float(e["rtt"]) for e in uploads])
-        rollout = link_direction([float(e["bytes"]) for e in uploads], rtts)
-        if back is None:
-            back = _median(rollout.delays) / 2.0
-            notes.append(f"{cal.name}: round trips split evenly between the directions (no weights delays measured)")
-            cal.weights = LinkDirection(rollout.fit, first_update_rate(cal, back, notes), [back])
-        rollout.delays = [max(0.0, d - back) for d in rollout.delays]
-        cal.rollout = rollout
-    else:
-        notes.append(f"{cal.name}: no upload round trips (`replied` events): its rollout delay is not measured")
-    return notes
-
-
-def first_update_rate(cal: SamplerCalibration, delay: float, notes: list[str]) -> Estimate | None:
-    """Mbit/s of a weights direction measured from its first update alone: bytes * 8 / (seconds from `started` to
-    its arrival - the request's and the answer's one-way `delay`); None when it was not sent as bytes or took no
-    longer than the delays."""
-    seconds, nbytes = cal.first_update_s, cal.first_update_bytes
-    if seconds is None or not nbytes or seconds <= 2.0 * delay:
-        return None
-    rate = nbytes * 8.0 / (seconds - 2.0 * delay) / BITS_PER_MEGABIT
-    notes.append(
-        f"{cal.name}: weights rate from its first update alone ({nbytes / 1e3:.4g} kB in {seconds:.3g} s less two "
-        f"one-way delays of {delay:.3g} s: {rate:.3g} Mbit/s, slow start included)"
+    rtt = _median(rtts)
+    one_way = [r / 2.0 for r in rtts]
+    cal.rtt = mean_estimate([float(e["rtt"]) for e in uploads])
+    sizes = [float(e["bytes"]) for e in uploads]
+    rollout = link_direction(sizes, rtts)
+    cal.rollout = bandwidth_rate(
+        LinkDirection(rollout.fit, rollout.rate_mbps, one_way), sizes, rtt, f"{cal.name}: uploads", notes
     )
-    return Estimate(rate, 1)
+    arrivals = weight_arrivals(log, published, rtt / 2.0)
+    if arrivals:
+        w_sizes = [float(b) for b, _, _ in arrivals]
+        weights = link_direction(w_sizes, [d for _, d, _ in arrivals])
+        cal.weights = bandwidth_rate(
+            LinkDirection(weights.fit, weights.rate_mbps, one_way), w_sizes, rtt, f"{cal.name}: weights", notes
+        )
+    else:
+        notes.append(f"{cal.name}: no weight update arrived while it waited: its weights rate is not measured")
+        cal.weights = LinkDirection(rollout.fit, None, one_way)
+    return notes
 
 
 def _median(values: list[float]) -> float:

@@ -2,9 +2,9 @@
 
 What changes in the config, per sampler: `tokens_per_second`, `start_delay_s`, its link's `weights_delay` and
 `rollout_delay` (measured one-way delays: `fixed` from one value, `empirical` samples up to 20 values, 21 quantiles
-beyond), each direction's rate where it was measurable (else None: the transfer time is inside the measured
-delays), and `transfer: simple` (the measured delays already hold what TCP cost: handshakes, slow start); a trace is
-dropped (its effect was measured). For the learner: `learner_step_seconds`, `learner_seconds_per_token`, (rollouts
+beyond), each direction's rate where it was measurable and bandwidth-bound (else None), and `transfer: tcp` (the
+delays are half round trips of small messages; the simulator plays TCP's handshakes and rounds on them); a trace
+is dropped (its effect was measured). For the learner: `learner_step_seconds`, `learner_seconds_per_token`, (rollouts
 over links) `learner_seconds_per_group`, `learner_commit_seconds` and `learner_eval_seconds`. The WAN
 lab and link emulation are switched off: the config is for the simulator. Everything else stays as it ran.
 """
@@ -60,7 +60,7 @@ def calibrated_config(config: dict[str, Any], cal: Calibration) -> dict[str, Any
             continue
         link = node.setdefault("link", {})
         link.pop("trace", None)
-        link["transfer"] = {"model": "simple"}
+        link["transfer"] = {"model": "tcp"}
         link["bandwidth_mbps"] = None
         if sc.weights is not None:
             link["weights_delay"] = delay_config(sc.weights.delays)
@@ -100,7 +100,7 @@ def delay_text(direction: LinkDirection) -> str:
 
 def rate_text(direction: LinkDirection) -> str:
     if direction.rate_mbps is None:
-        return "rate not measurable (sizes did not vary enough): the transfer time is inside the delays"
+        return "no rate (not measurable, or the transfers were window-bound): TCP's rounds in the simulator"
     return f"rate {fmt(direction.rate_mbps, ' Mbit/s')} (time per byte: transfer and handling)"
 
 
