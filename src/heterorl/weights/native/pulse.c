@@ -998,6 +998,21 @@ static const char *stream_check(const Stream *s) {
     return NULL;
 }
 
+/* The bits above the lo bytes of an escaped symbol `sym` (split r): its escape field, the next (`*e`) in order,
+ * read across the `ew` byte planes and checked to fit the stream's width. NULL, or an error: the stream has fewer
+ * escape fields than escaped symbols (a loop that counts as it goes), or the value overflows. */
+static inline __attribute__((always_inline)) const char *escaped_high(const Stream *s, const uint8_t *es, size_t *e,
+                                                                      unsigned sym, int r, uint64_t *high) {
+    if (*e == s->escapes) return ESCAPES_DIFFER;
+    uint64_t h = 0;
+    for (int j = 0; j < s->ew; j++) h |= (uint64_t)es[j * s->escapes + *e] << (8 * j);
+    (*e)++;
+    if (h > ~0ull - ESCAPE || (s->bits - s->k < 64 && h + ESCAPE >= (1ull << (s->bits - s->k))))
+        return "escaped value overflows the stream's integer width";
+    *high = ((h + ESCAPE) << r) | (sym & ((1u << r) - 1));
+    return NULL;
+}
+
 #define STREAM_DECODE_AT(EMIT, N_LO, R)                                                                                      \
     do {                                                                                                           \
         const int n_lo = (N_LO), r = (R), per = 8 / (r + 2), pshift = per == 4 ? 2 : per == 2 ? 1 : 0;             \
@@ -1010,14 +1025,9 @@ static const char *stream_check(const Stream *s) {
             for (int j = 0; j < n_lo; j++) x |= (uint64_t)lo[j * s->count + i] << (8 * j);                         \
             int escaped = r < 6 ? (sym >> r) == ESCAPE : sym >= (ESCAPE << r);                                     \
             if (escaped) {                                                                                         \
-                uint64_t h = 0;                                                                                    \
-                for (int j = 0; j < s->ew; j++) h |= (uint64_t)es[j * s->escapes + e] << (8 * j);                  \
-                e++;                                                                                               \
-                if (h > ~0ull - ESCAPE || (s->bits - s->k < 64 && h + ESCAPE >= (1ull << (s->bits - s->k)))) {     \
-                    err = "escaped value overflows the stream's integer width";                                    \
-                    break;                                                                                         \
-                }                                                                                                  \
-                x |= (((h + ESCAPE) << r) | (sym & ((1u << r) - 1))) << (8 * n_lo);                                \
+                uint64_t high;                                                                                     \
+                if ((err = escaped_high(s, es, &e, sym, r, &high)) != NULL) break;                                 \
+                x |= high << (8 * n_lo);                                                                           \
             } else {                                                                                               \
                 x |= (uint64_t)sym << (8 * n_lo);                                                                  \
             }                                                                                                      \
@@ -1080,13 +1090,9 @@ static const char *decode_gap_bytes(const Stream *s, uint64_t lim, int64_t *pos)
     for (size_t i = 0; i < count; i++) {
         unsigned b = pk[i];
         if (__builtin_expect((unsigned)(b - esc_lo) < esc_w, 0)) {
-            if (e == s->escapes) return ESCAPES_DIFFER;
-            uint64_t h = 0;
-            for (int j = 0; j < s->ew; j++) h |= (uint64_t)es[j * s->escapes + e] << (8 * j);
-            e++;
-            if (h > ~0ull - ESCAPE || (s->bits - s->k < 64 && h + ESCAPE >= (1ull << (s->bits - s->k))))
-                return "escaped value overflows the stream's integer width";
-            uint64_t x = ((h + ESCAPE) << r) | (b & (esc_w - 1));
+            uint64_t x;
+            const char *err = escaped_high(s, es, &e, b, r, &x);
+            if (err) return err;
             if (x >= lim || (p = p + x + 1) >= lim) return "positions run past its elements";
         } else {
             p += (uint64_t)b + 1;
@@ -1181,13 +1187,8 @@ static const char *decode_codes16_small(const Stream *s, uint16_t *dif) {
             unsigned sym = (unsigned)(byte >> (width * q)) & smask;
             uint64_t x = sym;
             if (r < 6 ? (sym >> r) == ESCAPE : sym >= (unsigned)(ESCAPE << r)) {
-                if (e == s->escapes) return ESCAPES_DIFFER;
-                uint64_t h = 0;
-                for (int j = 0; j < s->ew; j++) h |= (uint64_t)es[j * s->escapes + e] << (8 * j);
-                e++;
-                if (h > ~0ull - ESCAPE || (s->bits - s->k < 64 && h + ESCAPE >= (1ull << (s->bits - s->k))))
-                    return "escaped value overflows the stream's integer width";
-                x = ((h + ESCAPE) << r) | (sym & ((1u << r) - 1));
+                const char *err = escaped_high(s, es, &e, sym, r, &x);
+                if (err) return err;
             }
             if (x == 0xFFFF && s->escapes) return "a value code decodes to a zero change";
             uint64_t zz = (x + 1) & 0xFFFF;
