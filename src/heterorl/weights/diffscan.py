@@ -13,7 +13,7 @@ import torch
 import xxhash
 
 from heterorl.weights import native
-from heterorl.weights.format import UINT, bits_view
+from heterorl.weights.format import UINT, bits_view, read_bits_view
 
 CHUNK_BYTES = 1 << 18  # bytes of each tensor per pass step: base and new chunks (512 KB) stay in L2
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -132,5 +132,5 @@ def scan(
     if base_t.device != new_t.device:
         raise ValueError(f"base and new are on different devices: {base_t.device} vs {new_t.device}")
     if base_t.device.type == "cpu":
-        return scan_cpu(bits_view(base_t.detach()), bits_view(new_t.detach()), hash_base, hash_new)
+        return scan_cpu(read_bits_view(base_t), read_bits_view(new_t), hash_base, hash_new)
     return scan_device(base_t, new_t, hash_base, hash_new)

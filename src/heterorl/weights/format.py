@@ -91,6 +91,12 @@ def bits_view(t: torch.Tensor) -> np.ndarray:
     return bits.numpy().reshape(-1)
 
 
+def read_bits_view(t: torch.Tensor) -> np.ndarray:
+    """`bits_view` of a tensor to read, one that requires grad included (detached only then: detaching costs
+    ~1 us a tensor, paid twice per tensor of every encode)."""
+    return bits_view(t.detach() if t.requires_grad else t)
+
+
 def writable_bits_view(t: torch.Tensor, name: str) -> np.ndarray:
     """`bits_view` that is guaranteed to alias the tensor's storage (needed to write in place)."""
     if not t.is_contiguous():

@@ -12,12 +12,12 @@ new_bits - base_bits. Two tensor layouts share one container (format.py):
 
 Either way the result is bit-identical and cannot drift: the arithmetic is integer and wraps exactly, and the
 result hash is checked as the changes are written, which are reverted exactly if it (or anything) fails. The
-result hash covers every element,
-so it matches only if the receiver held the patch's base (an element that differed there would differ in the
-result) and every change decoded as it was coded; the base hash is computed when a check fails, to say which of
-the two went wrong. Multi-step merges add differences at shared positions (mod 2^width), which is exactly
-"newest value wins", and drop positions that changed back. A v2 patch can only be decoded against its base, so
-merges work on v1 patches and `recode_patch` turns a (merged) v1 patch into v2 given the weights it produces.
+result hash covers every element, so it matches only if the receiver held the patch's base (an element that
+differed there would differ in the result) and every change decoded as it was coded; the base hash is computed
+when a check fails, to say which of the two went wrong. Multi-step merges add differences at shared positions
+(mod 2^width), which is exactly "newest value wins", and drop positions that changed back. A v2 patch can only be
+decoded against its base, so merges work on v1 patches and `recode_patch` turns a (merged) v1 patch into v2 given
+the weights it produces.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from heterorl.weights.format import (
     get_opt_int,
     pack,
     parallel_map,
+    read_bits_view,
     tensor_entries,
     tensor_header,
     unpack,
@@ -210,7 +211,7 @@ def encode_versions(
                 codes, count, db, dn = dense.scan_device(b, n, hash_base, hash_new)
                 return _Diff(None, None, db, dn, codes, count)
             return _Diff(*scan_device(b, n, hash_base, hash_new))
-        base_U, new_U = bits_view(b.detach() if b.requires_grad else b), bits_view(n.detach() if n.requires_grad else n)
+        base_U, new_U = read_bits_view(b), read_bits_view(n)
         if dense_ok and dense.is_dense(base_U, new_U):
             codes, count, db, dn = dense.scan(base_U, new_U, hash_base, hash_new)
             return _Diff(None, None, db, dn, codes, count)
@@ -315,7 +316,7 @@ def _on_device(t: torch.Tensor) -> bool:
 
 def _base_bits(t: torch.Tensor) -> np.ndarray | torch.Tensor:
     """A tensor's raw bits for the v2 encoder: a host view, or a flat integer view where the tensor lives."""
-    return int_view(t) if _on_device(t) else bits_view(t.detach())
+    return int_view(t) if _on_device(t) else read_bits_view(t)
 
 
 def _assemble_v2(
@@ -397,13 +398,13 @@ def apply_patch(weights: StateDict, patch: Blobish, *, workers: int = 1) -> None
     except PatchError:
         _check_base(header.base_hash, weights)  # a v2 patch decoded against another base, most likely
         raise
-    result = None
     try:
         result = _combine(names, weights, applied.result_digests)
-    finally:
-        if result != header.result_hash:
-            applied.revert()
+    except BaseException:
+        applied.revert()
+        raise
     if result != header.result_hash:
+        applied.revert()
         _check_base(header.base_hash, weights)
         raise PatchError(f"patched weights would hash to {result}, the patch promises {header.result_hash}")
 

@@ -26,6 +26,7 @@ from heterorl.weights.format import (
     get_opt_int,
     pack,
     parallel_map,
+    read_bits_view,
     tensor_entries,
     tensor_header,
     unpack,
@@ -78,7 +79,7 @@ def encode_snapshot(
     names = sorted(weights)
 
     def encode_one(name: str) -> tuple[list[bytes], bytes | None]:
-        bits_U = bits_view(weights[name].detach())
+        bits_U = read_bits_view(weights[name])
         digest = None if state_hash else hashing.bits_digest(bits_U)
         return _compress_planes(bits_U, level), digest
 
