@@ -174,27 +174,39 @@ def _outcome(fn):  # type: ignore[no-untyped-def]
         return "PatchError"
 
 
+def _assert_same_outcome(want_fn, got_fn) -> None:  # type: ignore[no-untyped-def]
+    """The reference and the kernel give the same values, or both refuse."""
+    want, got = _outcome(want_fn), _outcome(got_fn)
+    assert type(want) is type(got)
+    assert np.array_equal(want, got)
+
+
+def _damaged_stream(x: np.ndarray, k: int, rng: np.random.Generator, flips: int) -> tuple[StreamSpec, np.ndarray]:
+    """`encode_uints(x, k)`'s spec and parts as one byte array, with `flips` random bytes changed."""
+    spec, parts = encode_uints(x, k)
+    raw = np.concatenate([np.asarray(p, np.uint8) for p in parts]) if parts else np.zeros(0, np.uint8)
+    if raw.size and flips:
+        raw[rng.integers(0, raw.size, flips)] ^= rng.integers(1, 256, flips).astype(np.uint8)
+    return spec, raw
+
+
 @settings(max_examples=200, deadline=None)
 @given(streams(), st.integers(0, 2**32 - 1), st.integers(0, 3))
 def test_stream_decoding_equals_the_reference_on_any_bytes(stream, seed, flips):
     """Valid streams decode to the same values; corrupted ones are refused by both or decode to the same values."""
     x, k = stream
-    spec, parts = encode_uints(x, k)
-    raw = np.concatenate([np.asarray(p, np.uint8) for p in parts]) if parts else np.zeros(0, np.uint8)
-    rng = np.random.default_rng(seed)
-    if raw.size and flips:
-        raw[rng.integers(0, raw.size, flips)] ^= rng.integers(1, 256, flips).astype(np.uint8)
+    spec, raw = _damaged_stream(x, k, np.random.default_rng(seed), flips)
     dtype = x.dtype.type
     bits = x.itemsize * 8
     if x.size:
-        want = _outcome(lambda: decode_positions(decode_uints(raw, x.size, spec, dtype), 2**40, "t"))
-        got = _outcome(lambda: native.decode_positions(raw, 0, x.size, spec, bits, 2**40, "t"))
-        assert type(want) is type(got)
-        assert np.array_equal(want, got)
-    want = _outcome(lambda: decode_values(raw, x.size, spec, dtype, "t"))
-    got = _outcome(lambda: native.decode_diffs(raw, 0, x.size, spec, dtype, "t"))
-    assert type(want) is type(got)
-    assert np.array_equal(want, got)
+        _assert_same_outcome(
+            lambda: decode_positions(decode_uints(raw, x.size, spec, dtype), 2**40, "t"),
+            lambda: native.decode_positions(raw, 0, x.size, spec, bits, 2**40, "t"),
+        )
+    _assert_same_outcome(
+        lambda: decode_values(raw, x.size, spec, dtype, "t"),
+        lambda: native.decode_diffs(raw, 0, x.size, spec, dtype, "t"),
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -213,14 +225,11 @@ def test_16bit_codes_split_below_a_byte_decode_as_the_reference(seed, n, k, esca
     codes = rng.integers(0, 3 << k, n).astype(np.uint16)
     wide = rng.random(n) < escape_rate
     codes[wide] = rng.choice(np.array([3 << k, 0x1234, 0xFFFE, 0xFFFF], np.uint16), int(wide.sum()))
-    spec, parts = encode_uints(codes, k)
-    raw = np.concatenate([np.asarray(p, np.uint8) for p in parts]) if parts else np.zeros(0, np.uint8)
-    if raw.size and flips:
-        raw[rng.integers(0, raw.size, flips)] ^= rng.integers(1, 256, flips).astype(np.uint8)
-    want = _outcome(lambda: decode_values(raw, n, spec, np.uint16, "t"))
-    got = _outcome(lambda: native.decode_diffs(raw, 0, n, spec, np.uint16, "t"))
-    assert type(want) is type(got)
-    assert np.array_equal(want, got)
+    spec, raw = _damaged_stream(codes, k, rng, flips)
+    _assert_same_outcome(
+        lambda: decode_values(raw, n, spec, np.uint16, "t"),
+        lambda: native.decode_diffs(raw, 0, n, spec, np.uint16, "t"),
+    )
 
 
 @settings(max_examples=150, deadline=None)
@@ -240,15 +249,12 @@ def test_byte_gap_streams_decode_as_the_reference(seed, n, k, escape_rate, flips
     gaps = rng.integers(0, 3 << k, n).astype(np.uint32)
     wide = rng.random(n) < escape_rate
     gaps[wide] = rng.integers(3 << k, 1 << 20, int(wide.sum()))
-    spec, parts = encode_uints(gaps, k)
-    raw = np.concatenate([np.asarray(p, np.uint8) for p in parts])
-    if flips:
-        raw[rng.integers(0, raw.size, flips)] ^= rng.integers(1, 256, flips).astype(np.uint8)
+    spec, raw = _damaged_stream(gaps, k, rng, flips)
     limit = max(0, int(gaps.astype(np.int64).sum()) + n + slack)  # the last position is limit - 1 - slack
-    want = _outcome(lambda: decode_positions(decode_uints(raw, n, spec, np.uint32), limit, "t"))
-    got = _outcome(lambda: native.decode_positions(raw, 0, n, spec, 32, limit, "t"))
-    assert type(want) is type(got)
-    assert np.array_equal(want, got)
+    _assert_same_outcome(
+        lambda: decode_positions(decode_uints(raw, n, spec, np.uint32), limit, "t"),
+        lambda: native.decode_positions(raw, 0, n, spec, 32, limit, "t"),
+    )
 
 
 def test_stream_checks_name_the_problem():
