@@ -16,8 +16,8 @@ cache: 28 ms for those two passes against 11 now on the synthetic 70M step, 48 a
 decode (docs/weight-sync.md, "The checked decode in place, and the streams' byte paths").
 
 A tensor's changes may come as several sorted, disjoint runs (v2's numpy reference decodes one per magnitude
-class); they are grouped by chunk with one radix sort of the chunk keys, so every chunk is patched with one
-scatter whatever the number of runs. Positions within a tensor are distinct (v1 codes gaps of at least one; v2's
+class); they are grouped by chunk with one radix sort of the chunk keys, so every chunk is patched in one pass
+whatever the number of runs. Positions within a tensor are distinct (v1 codes gaps of at least one; v2's
 classes are disjoint), which the numpy reference's fancy-index add needs.
 """
 
