@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from heterorl.bench.steps import step_pair
-from heterorl.weights import PatchError, apply_patch, encode_patch, native
+from heterorl.weights import PatchError, apply_patch, ctxcode, encode_patch, native
 from heterorl.weights.classes import members
 from heterorl.weights.diffscan import scan_numpy
 from heterorl.weights.format import UINT, bits_view
@@ -298,22 +298,50 @@ def test_staged_apply_and_revert_equal_the_reference(pair):
     assert digests[0] == digests[1] == scan_numpy(new, new, True, False)[2]
 
 
+@settings(max_examples=60, deadline=None)
+@given(bit_arrays(), st.integers(1, 5), st.integers(0, 10**6), st.integers(0, 2**32 - 1))
+def test_staged_runs_from_an_offset_equal_the_reference(pair, n_runs, offset, seed):
+    """Changes split into several disjoint sorted runs (as v2 decodes one per class), positions counted from an
+    offset (the tensor's place in its segment): both paths write the new bits with the same digest, and revert."""
+    base, new = pair
+    if base.size == 0:
+        return
+    pos, delta, _, _ = scan_numpy(base, new, False, False)
+    which = np.random.default_rng(seed).integers(0, n_runs, pos.size)
+    runs = [(pos[which == r] + offset, delta[which == r]) for r in range(n_runs)]
+    digests = []
+    for flag in (False, True):
+        with native.use(flag):
+            view = base.copy()
+            tc = stage(view, runs, offset)
+            digests.append(apply_changes(tc))
+            assert np.array_equal(view, new)
+            revert(tc)
+            assert np.array_equal(view, base)
+    assert digests[0] == digests[1] == scan_numpy(new, new, True, False)[2]
+
+
 def test_staged_kernel_refuses_positions_outside_their_chunks_and_writes_nothing():
     view = np.arange(chunk_elements(np.zeros(1, np.uint16)) * 2, dtype=np.uint16)
     before = view.copy()
     local = np.array([view.size - 1, 0], np.int64)  # chunk 1 before chunk 0
-    tc = TensorChanges(view, local, np.ones(2, np.uint16))
+    tc = TensorChanges(view, [(local, np.ones(2, np.uint16))])
     with native.use(True), pytest.raises(PatchError, match="grouped by chunk"):
         apply_changes(tc)
     assert np.array_equal(view, before)  # the element it had written was taken back
+    in_order = (np.array([0, view.size - 2], np.int64), np.ones(2, np.uint16))  # a second run, written first
+    tc = TensorChanges(view, [in_order, (local, np.ones(2, np.uint16))])
+    with native.use(True), pytest.raises(PatchError, match="grouped by chunk"):
+        apply_changes(tc)
+    assert np.array_equal(view, before)
 
 
 @pytest.mark.parametrize("wide", WIDTHS)
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([2, 4]), st.integers(1, 15), st.sampled_from([0.0, 0.02, 0.5, 1.0]))
 def test_class_passes_equal_the_reference(wide, seed, itemsize, n_bounds, rate):
-    """class_split gives each class's members and changed ranks as `classes.members` does; class_merge turns them
-    back into the sorted changes and checks member counts and top-class membership. Up to 15 bounds (the AVX-512
+    """class_split gives each class's members and changed ranks as `classes.members` does; class_positions turns
+    the ranks into positions and checks member counts, ranks and top-class positions. Up to 15 bounds (the AVX-512
     loops count classes 8 to a vector) and segments of a few blocks of 4,096 elements."""
     _skip_unless_wide(wide)
     with native.wide(wide):
@@ -345,29 +373,50 @@ def _class_passes_match(seed: int, itemsize: int, n_bounds: int, rate: float) ->
     in_top = (base[pos] & dtype(mask)) >= bounds[-1]
     assert np.array_equal(top_pos, pos[in_top])
     assert np.array_equal(top_codes, codes[in_top])
-    runs = list(zip(ranks, class_codes, strict=True))
 
-    def merge(members_C=n_members, top=(top_pos, top_codes), per_part=counts):  # type: ignore[no-untyped-def]
-        return native.class_merge(parts, mask, bounds, members_C, runs, top, per_part, "t")
+    def positions(members_C=n_members, ranks_C=ranks, top=top_pos):  # type: ignore[no-untyped-def]
+        return native.class_positions(parts, mask, bounds, members_C, ranks_C, top, "t")
 
-    for (got_pos, got), lo, hi in zip(merge(), offsets[:-1], offsets[1:], strict=True):
+    found = positions()
+    for got, m, got_codes in zip(found, want, class_codes, strict=True):  # changed members, in rank order
+        assert np.array_equal(got, m.at(np.flatnonzero(m.changed)))
+        assert np.array_equal(got_codes, codes[np.searchsorted(pos, got)])
+    runs = [*zip(found, class_codes, strict=True), (top_pos, top_codes)]
+    per_part = ctxcode._by_tensor(runs, parts, counts, "t")  # split at the tensors, counts checked
+    for part_runs, lo, hi in zip(per_part, offsets[:-1], offsets[1:], strict=True):
         inside = (pos >= lo) & (pos < hi)
-        assert np.array_equal(got_pos, pos[inside] - lo)
-        assert np.array_equal(got, codes[inside])
-    with pytest.raises(PatchError, match="member count"):
-        merge(members_C=[m + 1 for m in n_members])
+        assert np.array_equal(
+            np.sort(np.concatenate([p for p, _ in part_runs] or [np.zeros(0, np.int64)])), pos[inside]
+        )
     if pos.size:  # one change moved to another tensor, or one more than its tensor has
         moved = list(counts)
         giver = next(i for i, c in enumerate(counts) if c)
         moved[giver] -= 1
         moved[(giver + 1) % len(moved)] += 1
         with pytest.raises(PatchError, match="changes per tensor"):
-            merge(per_part=moved if len(moved) > 1 else [counts[0] + 1])
+            ctxcode._by_tensor(runs, parts, moved if len(moved) > 1 else [counts[0] + 1], "t")
+    with pytest.raises(PatchError, match="member count"):
+        positions(members_C=[m + 1 for m in n_members])
+    bigger = next((c for c, r in enumerate(ranks) if r.size), None)
+    if bigger is not None:  # a rank past the class's members, or two ranks out of order
+        past = [r.copy() for r in ranks]
+        past[bigger][-1] = n_members[bigger]
+        with pytest.raises(PatchError, match="ranks are not sorted"):
+            positions(ranks_C=past)
+        if ranks[bigger].size > 1:
+            swapped = [r.copy() for r in ranks]
+            swapped[bigger][[0, 1]] = swapped[bigger][[1, 0]]
+            with pytest.raises(PatchError, match="ranks are not sorted"):
+                positions(ranks_C=swapped)
     below = np.flatnonzero(((base & dtype(mask)) < bounds[-1]) & ~changed)  # unchanged small weights
-    if below.size:
-        fake = np.sort(np.concatenate([pos[~in_top], below[:1]]))  # one posing as a top-class change
+    if below.size:  # one posing as a top-class change
         with pytest.raises(PatchError, match="not in the top class"):
-            merge(top=(below[:1], np.ones(1, dtype)), per_part=np.diff(np.searchsorted(fake, offsets)).tolist())
+            positions(top=np.sort(np.concatenate([top_pos, below[:1]])))
+    if top_pos.size > 1:  # top-class positions out of order, or past the segment
+        with pytest.raises(PatchError, match="not in the top class"):
+            positions(top=top_pos[::-1].copy())
+        with pytest.raises(PatchError, match="not in the top class"):
+            positions(top=np.concatenate([top_pos, [n]]))
 
 
 def _both(base, new):  # type: ignore[no-untyped-def]
@@ -499,7 +548,6 @@ def test_the_size_estimate_tracks_the_coded_patch(lr, rate):
 def test_class_passes_in_ranges_equal_one_pass_and_refuse_alike(wide):
     """A tensor above PARALLEL_MIN is split and merged in position ranges by threads (ctxcode): the same classes
     and changes as one pass, and a member count, rank or top-class position that is off is refused."""
-    from heterorl.weights import ctxcode
     from heterorl.weights.classes import PARALLEL_MIN
 
     _skip_unless_wide(wide)
@@ -516,22 +564,23 @@ def test_class_passes_in_ranges_equal_one_pass_and_refuse_alike(wide):
             assert got[0] == one[0]
             for a, b in zip([*one[1], *one[2], one[3], one[4]], [*got[1], *got[2], got[3], got[4]], strict=True):
                 assert np.array_equal(a, b)
-        members_C, runs, top = one[0], list(zip(one[1], one[2], strict=True)), (one[3], one[4])
+        members_C, ranks_C, top = one[0], one[1], one[3]
 
-        def merge(members=members_C, runs=runs, top=top, count=pos.size):  # type: ignore[no-untyped-def]
-            return ctxcode._merge_native([base], 0x7FFF, bounds, members, runs, top, [count], "t", 3)
+        def positions(members=members_C, ranks=ranks_C, top=top):  # type: ignore[no-untyped-def]
+            return ctxcode._positions_native([base], 0x7FFF, bounds, members, ranks, top, "t", 3)
 
-        (merged,) = merge()
-        assert np.array_equal(merged[0], pos)
-        assert np.array_equal(merged[1], codes)
+        want = native.class_positions([base], 0x7FFF, bounds, members_C, ranks_C, top, "t")
+        for a, b in zip(positions(), want, strict=True):
+            assert np.array_equal(a, b)
+        assert np.array_equal(np.sort(np.concatenate([*want, top])), pos)
         with pytest.raises(PatchError, match="member count"):
-            merge(members=[m + (c == 1) for c, m in enumerate(members_C)])
-        swapped = [(r.copy(), d) for r, d in runs]
-        middle = swapped[2][0].size // 2
-        swapped[2][0][[middle, middle + 1]] = swapped[2][0][[middle + 1, middle]]  # two ranks out of order
+            positions(members=[m + (c == 1) for c, m in enumerate(members_C)])
+        swapped = [r.copy() for r in ranks_C]
+        middle = swapped[2].size // 2
+        swapped[2][[middle, middle + 1]] = swapped[2][[middle + 1, middle]]  # two ranks out of order
         with pytest.raises(PatchError, match="ranks are not sorted"):
-            merge(runs=swapped)
+            positions(ranks=swapped)
         small = np.flatnonzero((base & 0x7FFF) < bounds[-1])
-        fake = np.sort(np.concatenate([top[0], small[-1:]]))
+        fake = np.sort(np.concatenate([top, small[-1:]]))
         with pytest.raises(PatchError, match="not in the top class"):
-            merge(top=(fake, np.ones(fake.size, np.uint16)), count=pos.size + 1)
+            positions(top=fake)

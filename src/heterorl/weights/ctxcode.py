@@ -204,25 +204,24 @@ def _split_native(
     return before[-1].tolist(), ranks, codes, top_pos, np.concatenate([d[4] for d in done])
 
 
-def _merge_native(
+def _positions_native(
     parts: Sequence[np.ndarray],
     mask: int,
     bounds: list[int],
     members_C: list[int],
-    runs: list[tuple[np.ndarray, np.ndarray]],
-    top: tuple[np.ndarray, np.ndarray],
-    counts: Sequence[int],
+    ranks_C: list[np.ndarray],
+    top: np.ndarray,
     what: str,
     workers: int,
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`native.class_merge`, and for one large tensor with `workers` > 1, in position ranges side by side: the
+) -> list[np.ndarray]:
+    """`native.class_positions`, and for one large tensor with `workers` > 1, in position ranges side by side: the
     class counts before each range first (`native.class_counts` of the ranges before the last, side by side), then
-    each range merges the ranks and top positions that fall in it, rebased to it, and must use them all; the
-    ranges' members must add up to the header's. Any rank or position out of order or range is left unused by
+    each range turns the ranks and checks the top positions that fall in it, rebased to it, and must use them all;
+    the ranges' members must add up to the header's. Any rank or position out of order or range is left unused by
     the range it falls to, which refuses."""
     n = parts[0].size
     if workers <= 1 or len(parts) != 1 or n < PARALLEL_MIN:
-        return native.class_merge(parts, mask, bounds, members_C, runs, top, counts, what)
+        return native.class_positions(parts, mask, bounds, members_C, ranks_C, top, what)
     ranges = _ranges(n, workers)
     counted = parallel_map(lambda r: native.class_counts([parts[0][r[0] : r[1]]], mask, bounds), ranges[:-1], workers)
     before = np.cumsum([[0] * len(bounds), *counted], axis=0)  # [range, class]: members before it
@@ -234,25 +233,23 @@ def _merge_native(
     def cut(values: np.ndarray, at: Sequence[int]) -> np.ndarray:
         return np.maximum.accumulate(np.searchsorted(values, at))  # monotonic even for unsorted (hostile) input
 
-    rank_cuts = [cut(ranks, [*before[:, c], np.iinfo(np.int64).max]) for c, (ranks, _) in enumerate(runs)]
-    top_cuts = cut(top[0], [lo for lo, _ in ranges] + [n])
+    rank_cuts = [cut(ranks, [*before[:, c], np.iinfo(np.int64).max]) for c, ranks in enumerate(ranks_C)]
+    top_cuts = cut(top, [lo for lo, _ in ranges] + [n])
 
-    def one(r: int) -> tuple[np.ndarray, np.ndarray]:
+    def one(r: int) -> list[np.ndarray]:
         lo, hi = ranges[r]
         sub = [
-            (ranks[rc[r] : rc[r + 1]] - before[r][c], diffs[rc[r] : rc[r + 1]])
-            for c, ((ranks, diffs), rc) in enumerate(zip(runs, rank_cuts, strict=True))
+            ranks[rc[r] : rc[r + 1]] - before[r][c]
+            for c, (ranks, rc) in enumerate(zip(ranks_C, rank_cuts, strict=True))
         ]
-        t0, t1 = top_cuts[r], top_cuts[r + 1]
-        got = sum(int(rc[r + 1] - rc[r]) for rc in rank_cuts) + int(t1 - t0)
-        sub_top = (top[0][t0:t1] - lo, top[1][t0:t1])
-        (run,) = native.class_merge([parts[0][lo:hi]], mask, bounds, members_R[r], sub, sub_top, [got], what)
-        return run[0] + lo, run[1]
+        positions = native.class_positions(
+            [parts[0][lo:hi]], mask, bounds, members_R[r], sub, top[top_cuts[r] : top_cuts[r + 1]] - lo, what
+        )
+        return [p + lo for p in positions]
 
-    # each range used every change that fell in it, so the tensor got all of the segment's, whose number the
-    # header's parse matched against the tensor list
+    # each range used every rank and top position that fell in it, so the segment's are all accounted for
     done = parallel_map(one, range(len(ranges)), workers)
-    return [(np.concatenate([r[0] for r in done]), np.concatenate([r[1] for r in done]))]
+    return [np.concatenate([d[c] for d in done]) for c in range(len(bounds))]
 
 
 def _magnitudes_for_bounds(
@@ -435,7 +432,7 @@ def decode_segment(
     workers: int = 1,
 ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
     """A segment's changes given its tensors' base bits (`parts`, in order; read only when it has classes, i.e.
-    bounds), per tensor: its (sorted tensor-local positions int64, wrapped differences) runs, disjoint (one per
+    bounds), per tensor: its (sorted segment positions int64, wrapped differences) runs, disjoint (one per
     class that changed there). Each tensor must get the number of changes `counts` gives."""
     if code.count == 0:
         decompress_exact(frame, 0, what)
@@ -453,17 +450,23 @@ def decode_segment(
 def _by_tensor(
     runs: list[tuple[np.ndarray, np.ndarray]], parts: Sequence[np.ndarray], counts: Sequence[int], what: str
 ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
-    """Segment runs split at the tensors' bounds, positions made tensor-local; the per-tensor counts checked."""
+    """Segment runs split at the tensors' bounds (positions stay segment positions: staging counts them from
+    each tensor's offset); the per-tensor counts checked."""
+    if len(parts) == 1:  # one tensor: the runs are its own
+        if sum(int(pos.size) for pos, _ in runs) != counts[0]:
+            raise PatchError(f"{what}: changes per tensor differ from the tensor list")
+        return [runs]
     offsets = np.cumsum([0] + [p.size for p in parts])
     out: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in parts]
-    got = np.zeros(len(parts), np.int64)
+    got = [0] * len(parts)
     for pos, delta in runs:
-        cuts = np.searchsorted(pos, offsets)  # a run's positions are sorted
-        got += np.diff(cuts)
-        for i in np.flatnonzero(np.diff(cuts)):
-            out[i].append((pos[cuts[i] : cuts[i + 1]] - offsets[i], delta[cuts[i] : cuts[i + 1]]))
-    if got.tolist() != list(counts):
-        raise PatchError(f"{what}: changes per tensor {got.tolist()} differ from the tensor list")
+        cuts = np.searchsorted(pos, offsets).tolist()  # a run's positions are sorted
+        for i, (a, b) in enumerate(itertools.pairwise(cuts)):
+            if a < b:
+                out[i].append((pos[a:b], delta[a:b]))
+                got[i] += b - a
+    if got != list(counts):
+        raise PatchError(f"{what}: changes per tensor {got} differ from the tensor list")
     return out
 
 
@@ -515,8 +518,8 @@ def _decode_native(
     workers: int,
 ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
     """`decode_segment` by the compiled kernels: each class's ranks and differences, then one pass over the parts
-    that enumerates the classes below the top and merges every class into one sorted run per tensor (member
-    counts, top-class membership and the per-tensor counts checked there)."""
+    that turns the ranks of the classes below the top into positions (member counts, ranks and top-class
+    membership checked there); one run per class that changed, as the reference gives."""
     code_width = code.dtype.itemsize
     value_dtype = UINT[code_width]
     runs = []
@@ -538,9 +541,10 @@ def _decode_native(
             delta_C = native.decode_diffs(raw_U, cursor, spec.count, spec.values, value_dtype, what)
         cursor += size
         runs.append((ranks, delta_C))
-    if not code.bounds:
-        return _by_tensor(runs[-1:], parts, counts, what)
-    assert mask is not None, "classes need a magnitude"
-    members_C = [spec.members for spec in code.classes[:-1]]
-    merged = _merge_native(parts, mask, code.bounds, members_C, runs[:-1], runs[-1], counts, what, workers)
-    return [[run] if run[0].size else [] for run in merged]
+    if code.bounds:
+        assert mask is not None, "classes need a magnitude"
+        members_C = [spec.members for spec in code.classes[:-1]]
+        ranks_C = [ranks for ranks, _ in runs[:-1]]
+        positions_C = _positions_native(parts, mask, code.bounds, members_C, ranks_C, runs[-1][0], what, workers)
+        runs = [(pos, delta) for pos, (_, delta) in zip(positions_C, runs[:-1], strict=True)] + runs[-1:]
+    return _by_tensor([r for r in runs if r[0].size], parts, counts, what)

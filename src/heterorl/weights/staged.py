@@ -15,9 +15,9 @@ chunk, then scatter the new values once every digest checked out) read the tenso
 cache: 28 ms for those two passes against 11 now on the synthetic 70M step, 48 against 33 ms for the whole checked
 decode (docs/weight-sync.md, "The checked decode in place, and the streams' byte paths").
 
-A tensor's changes may come as several sorted, disjoint runs (v2's numpy reference decodes one per magnitude
-class); they are grouped by chunk with one radix sort of the chunk keys, so every chunk is patched in one pass
-whatever the number of runs. Positions within a tensor are distinct (v1 codes gaps of at least one; v2's
+A tensor's changes may come as several sorted, disjoint runs (v2 decodes one per magnitude class: positions
+in the order of their class's ranks); the chunk pass takes each chunk's changes from every run in turn, so no
+run is merged or sorted with another. Positions within a tensor are distinct (v1 codes gaps of at least one; v2's
 classes are disjoint), which the numpy reference's fancy-index add needs.
 """
 
@@ -41,12 +41,13 @@ Runs = list[tuple[np.ndarray, np.ndarray]]
 
 @dataclass
 class TensorChanges:
-    """One tensor's staged changes: tensor-local positions grouped by chunk, in chunk order, and their
-    differences."""
+    """One tensor's staged changes: runs of positions (each sorted) and their differences. Positions count from
+    `offset`, the position of the tensor's first element in what was decoded (a v2 segment of several tensors),
+    so that no run is copied to make it tensor-local."""
 
     view: np.ndarray  # the tensor's raw bits (written by `apply_changes`, restored by `revert`)
-    local: np.ndarray  # int64 positions in the tensor, chunk by chunk (sorted within a chunk for sorted runs)
-    delta: np.ndarray  # wrapped differences, same order
+    runs: Runs  # disjoint, none empty
+    offset: int = 0
 
     @property
     def chunk(self) -> int:
@@ -54,12 +55,12 @@ class TensorChanges:
 
     @property
     def count(self) -> int:
-        return int(self.local.size)
+        return sum(int(r[0].size) for r in self.runs)
 
-    def cuts(self) -> list[int]:
-        """Offsets into local / delta where each chunk's changes start, and the end."""
-        keys = self.local // self.chunk  # in order: grouped by chunk
-        return np.searchsorted(keys, np.arange(_chunks(self.view.size, self.chunk) + 1)).tolist()
+    def cuts(self) -> list[list[int]]:
+        """Per run, offsets where each chunk's changes start, and the end."""
+        edges = np.arange(0, _chunks(self.view.size, self.chunk) + 1) * self.chunk + self.offset
+        return [np.searchsorted(pos, edges).tolist() for pos, _ in self.runs]
 
 
 def chunk_elements(view: np.ndarray) -> int:
@@ -71,59 +72,46 @@ def _chunks(size: int, chunk: int) -> int:
     return -(-size // chunk)
 
 
-def stage(view: np.ndarray, runs: Runs) -> TensorChanges:
-    """A tensor's changes from `runs`: (sorted tensor-local positions, differences), runs disjoint. Positions
-    must already be bounds-checked."""
-    runs = [r for r in runs if r[0].size]
-    if not runs:
-        return TensorChanges(view, np.zeros(0, np.int64), np.zeros(0, view.dtype))
-    if len(runs) == 1:
-        return TensorChanges(view, *runs[0])
-    return _stage_runs(view, runs)
-
-
-def _stage_runs(view: np.ndarray, runs: Runs) -> TensorChanges:
-    """Several runs: key every change by its chunk, stable radix sort by key."""
-    pos = np.concatenate([r[0] for r in runs])
-    delta = np.concatenate([r[1] for r in runs])
-    chunk = chunk_elements(view)
-    key = pos // chunk
-    key_dtype = np.uint16 if _chunks(view.size, chunk) <= 1 << 16 else np.int64  # 16 bits: a radix sort
-    order = np.argsort(key.astype(key_dtype), kind="stable")
-    return TensorChanges(view, np.take(pos, order), np.take(delta, order))
+def stage(view: np.ndarray, runs: Runs, offset: int = 0) -> TensorChanges:
+    """A tensor's changes from `runs`: (sorted positions counted from `offset`, differences), runs disjoint.
+    Positions must already be bounds-checked."""
+    return TensorChanges(view, [r for r in runs if r[0].size], offset)
 
 
 def apply_changes(tc: TensorChanges) -> bytes:
     """Write the changes into the tensor and return its digest after them, in one chunked pass. The compiled
-    kernel (one loop per tensor) when enabled; it leaves the tensor as it was if the positions are not grouped by
-    chunk."""
+    kernel (one loop per tensor) when enabled; it leaves the tensor as it was if a run's positions are not sorted
+    within the tensor."""
     view, chunk = tc.view, tc.chunk
     if native.enabled():
-        return native.apply_digest(view, tc.local, tc.delta, chunk)
+        return native.apply_digest(view, tc.runs, chunk, tc.offset)
     if not tc.count:  # the same bytes
         return xxhash.xxh3_128(view).digest()
     result_h = xxhash.xxh3_128()
     cuts = tc.cuts()
     for i, start in enumerate(range(0, view.size, chunk)):
         part = view[start : start + chunk]
-        lo, hi = cuts[i], cuts[i + 1]
-        if lo < hi:
-            part[tc.local[lo:hi] - start] += tc.delta[lo:hi]  # exact: unsigned arithmetic wraps mod 2^width
+        for (pos, delta), cut in zip(tc.runs, cuts, strict=True):
+            lo, hi = cut[i], cut[i + 1]
+            if lo < hi:
+                part[pos[lo:hi] - (start + tc.offset)] += delta[lo:hi]  # exact: unsigned arithmetic wraps mod 2^width
         result_h.update(part)
     return result_h.digest()
 
 
 def revert(tc: TensorChanges) -> None:
     """Undo `apply_changes`: the base's bits again, bit for bit."""
-    if tc.count and native.enabled():
-        native.revert(tc.view, tc.local, tc.delta)
-    elif tc.count:
-        tc.view[tc.local] -= tc.delta
+    for pos, delta in tc.runs:
+        if native.enabled():
+            native.revert(tc.view, pos, delta, tc.offset)
+        else:
+            tc.view[pos - tc.offset] -= delta
 
 
 class Unit(NamedTuple):  # a tuple: one is made per tensor of every patch applied
     """What one decode task covers: tensors [first, first + size) and how to decode their changes (per tensor, its
-    runs), given a thread count for the decoder's own parallel work (v2 class enumeration of a big tensor)."""
+    runs, positions counted from the unit's first element), given a thread count for the decoder's own parallel
+    work (v2 class enumeration of a big tensor)."""
 
     first: int
     size: int
@@ -164,8 +152,10 @@ def apply_all(units: Sequence[Unit], views: Sequence[np.ndarray], workers: int) 
 
     def run(unit: Unit, threads: int) -> None:
         per_tensor = unit.decode(threads)
+        offset = 0  # of the tensor in the unit: its runs' positions count from the unit's first element
         for j, runs in enumerate(per_tensor):
-            tc = stage(views[unit.first + j], runs)
+            tc = stage(views[unit.first + j], runs, offset)
+            offset += views[unit.first + j].size
             digest = apply_changes(tc)  # written only if it returns
             changes[unit.first + j], result[unit.first + j] = tc, digest
 

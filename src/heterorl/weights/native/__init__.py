@@ -142,15 +142,16 @@ def set_pool_limit(nbytes: int) -> int:
 
 
 # --- staged decode
-def apply_digest(view: np.ndarray, local: np.ndarray, delta: np.ndarray, chunk: int) -> bytes:
-    """staged.apply_changes's chunk pass, in place (positions grouped by chunk; if they are not, the tensor is
-    left as it was and PatchError raised)."""
-    return _checked("staged changes", _pulse.apply_digest, view, view.itemsize, local, delta, chunk)
+def apply_digest(view: np.ndarray, runs: Sequence[tuple[np.ndarray, np.ndarray]], chunk: int, offset: int) -> bytes:
+    """staged.apply_changes's chunk pass, in place, positions counted from `offset` (each run's grouped by chunk;
+    if they are not, the tensor is left as it was and PatchError raised)."""
+    positions, deltas = [r[0] for r in runs], [r[1] for r in runs]
+    return _checked("staged changes", _pulse.apply_digest, view, view.itemsize, positions, deltas, chunk, offset)
 
 
-def revert(view: np.ndarray, local: np.ndarray, delta: np.ndarray) -> None:
-    """view[local] -= delta, wrapping (undoes apply_digest)."""
-    _checked("revert", _pulse.revert, view, view.itemsize, local, delta)
+def revert(view: np.ndarray, pos: np.ndarray, delta: np.ndarray, offset: int) -> None:
+    """view[pos - offset] -= delta, wrapping (undoes apply_digest)."""
+    _checked("revert", _pulse.revert, view, view.itemsize, pos, delta, offset)
 
 
 # --- magnitude classes
@@ -172,34 +173,19 @@ def class_split(
     )
 
 
-def class_merge(
+def class_positions(
     parts: Sequence[np.ndarray],
     mask: int,
     bounds: list[int],
     members: list[int],
-    runs: list[tuple[np.ndarray, np.ndarray]],
-    top: tuple[np.ndarray, np.ndarray],
-    counts: Sequence[int],
+    ranks: list[np.ndarray],
+    top: np.ndarray,
     what: str,
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per part (the segment's tensors), its changes as one sorted run of tensor-local positions, from each class's
-    (ranks, differences) and the top class's (segment positions, differences); each part must get `counts[i]`."""
-    out = _checked(
-        what,
-        _pulse.class_merge,
-        parts,
-        parts[0].itemsize,
-        mask,
-        bounds,
-        members,
-        [r[0] for r in runs],
-        [r[1] for r in runs],
-        top[0],
-        top[1],
-        list(counts),
-    )
-    dtype = top[1].dtype
-    return [(_array(pos, np.int64), _array(dif, dtype)) for pos, dif in out]
+) -> list[np.ndarray]:
+    """Per class below the top, its changes' sorted positions in the segment that `parts` make up, from their
+    member ranks; checks member counts, ranks (sorted, all used) and the top class's positions (`top`)."""
+    out = _checked(what, _pulse.class_positions, parts, parts[0].itemsize, mask, bounds, members, ranks, top)
+    return [_array(pos, np.int64) for pos in out]
 
 
 def class_counts(parts: Sequence[np.ndarray], mask: int, bounds: list[int]) -> list[int]:

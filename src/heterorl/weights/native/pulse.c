@@ -1315,12 +1315,14 @@ done:
 }
 
 /* ------------------------------------------------------------------------------------------------ staged */
-/* view[pos[t]] += (sign) dif[t] for t in [lo, hi), in the element width */
-static void add_changes(char *view, int itemsize, const int64_t *pos, const char *dif, size_t lo, size_t hi, int sign) {
+/* view[pos[t] - off] += (sign) dif[t] for t in [lo, hi), in the element width */
+static void add_changes(char *view, int itemsize, const int64_t *pos, int64_t off, const char *dif, size_t lo,
+                        size_t hi, int sign) {
 #define ADD_LOOP(T)                                                                                                \
     for (size_t t = lo; t < hi; t++) {                                                                             \
         T d = ((const T *)dif)[t];                                                                                 \
-        ((T *)view)[pos[t]] = (T)(((T *)view)[pos[t]] + (sign > 0 ? d : (T)(0 - d)));                              \
+        T *x = (T *)view + (pos[t] - off);                                                                         \
+        *x = (T)(*x + (sign > 0 ? d : (T)(0 - d)));                                                                \
     }
     switch (itemsize) {
     case 2: ADD_LOOP(uint16_t) break;
@@ -1332,23 +1334,48 @@ static void add_changes(char *view, int itemsize, const int64_t *pos, const char
 }
 
 PyDoc_STRVAR(apply_digest_doc,
-             "apply_digest(view, itemsize, positions, differences, chunk) -> result digest\n\nOne chunked pass over "
-             "a tensor's bits, in place: each chunk's changed elements set to base + difference, then the chunk "
-             "hashed while it is in cache. Positions must be grouped by chunk in chunk order; when they are not, "
-             "what was written is subtracted again and the tensor is as it was.");
+             "apply_digest(view, itemsize, positions, differences, chunk, offset) -> result digest\n\nOne chunked "
+             "pass over a tensor's bits, in place: each chunk's changed elements set to base + difference, then the "
+             "chunk hashed while it is in cache. positions / differences: lists of runs (at most 32), positions "
+             "counted from `offset` (the tensor's first element), each run's "
+             "grouped by chunk in chunk order (runs disjoint); when a run's are not, what was written is subtracted "
+             "again and the tensor is as it was.");
+
+#define APPLY_RUNS 32
 
 static PyObject *py_apply_digest(PyObject *self, PyObject *args) {
-    Py_buffer vb, pb, db;
-    int itemsize;
-    Py_ssize_t chunk;
-    if (!PyArg_ParseTuple(args, "w*iy*y*n", &vb, &itemsize, &pb, &db, &chunk)) return NULL;
+    Py_buffer vb, pb[APPLY_RUNS], db[APPLY_RUNS];
+    int itemsize, held = 0;
+    Py_ssize_t chunk, offset;
+    PyObject *pos_l, *dif_l;
+    if (!PyArg_ParseTuple(args, "w*iOOnn", &vb, &itemsize, &pos_l, &dif_l, &chunk, &offset)) return NULL;
     PyObject *out = NULL;
     XXH3_state_t *sr = XXH3_createState();
-    if (check_itemsize(itemsize)) goto done;
-    size_t n = (size_t)vb.len / itemsize, count = (size_t)pb.len / 8;
-    if (vb.len % itemsize || pb.len % 8 || (size_t)db.len != count * itemsize || chunk <= 0) {
+    Py_ssize_t nr = PySequence_Size(pos_l);
+    size_t count[APPLY_RUNS], j[APPLY_RUNS];
+    if (check_itemsize(itemsize) || nr < 0) goto done;
+    size_t n = (size_t)vb.len / itemsize;
+    if (vb.len % itemsize || chunk <= 0 || offset < 0 || nr > APPLY_RUNS || PySequence_Size(dif_l) != nr) {
         PyErr_SetString(PyExc_ValueError, "apply_digest: sizes do not fit");
         goto done;
+    }
+    for (Py_ssize_t r = 0; r < nr; r++) {
+        PyObject *po = PySequence_GetItem(pos_l, r), *d = PySequence_GetItem(dif_l, r);
+        int ok = po && d && PyObject_GetBuffer(po, &pb[r], PyBUF_SIMPLE) == 0;
+        if (ok && PyObject_GetBuffer(d, &db[r], PyBUF_SIMPLE) != 0) {
+            PyBuffer_Release(&pb[r]);
+            ok = 0;
+        }
+        Py_XDECREF(po);
+        Py_XDECREF(d);
+        if (!ok) goto done;
+        held++;
+        count[r] = (size_t)pb[r].len / 8;
+        j[r] = 0;
+        if (pb[r].len % 8 || (size_t)db[r].len != count[r] * itemsize) {
+            PyErr_SetString(PyExc_ValueError, "apply_digest: sizes do not fit");
+            goto done;
+        }
     }
     if (sr == NULL) {
         PyErr_NoMemory();
@@ -1356,20 +1383,27 @@ static PyObject *py_apply_digest(PyObject *self, PyObject *args) {
     }
     XXH3_128bits_reset(sr);
     char *view = vb.buf;
-    const int64_t *pos = pb.buf;
-    const char *dif = db.buf;
-    size_t j = 0;
+    int bad = 0;
     Py_BEGIN_ALLOW_THREADS;
     for (size_t start = 0; start < n; start += (size_t)chunk) {
         size_t end = n - start < (size_t)chunk ? n : start + (size_t)chunk;
-        size_t j0 = j;
-        while (j < count && pos[j] >= (int64_t)start && pos[j] < (int64_t)end) j++;
-        add_changes(view, itemsize, pos, dif, j0, j, 1);
+        const int64_t lo = (int64_t)start + offset, hi = (int64_t)end + offset; /* the chunk in run positions */
+        if (nr > 1) /* the runs write the chunk in turn, each in order: bring it in once, streaming */
+            for (size_t b = start * itemsize; b < end * itemsize; b += 64) __builtin_prefetch(view + b, 1, 3);
+        for (Py_ssize_t r = 0; r < nr; r++) {
+            const int64_t *pos = pb[r].buf;
+            size_t j0 = j[r], k = j0;
+            while (k < count[r] && pos[k] >= lo && pos[k] < hi) k++;
+            add_changes(view, itemsize, pos, offset, db[r].buf, j0, k, 1);
+            j[r] = k;
+        }
         HASH_UPDATE(sr, view + start * itemsize, (end - start) * itemsize);
     }
-    if (j != count) add_changes(view, itemsize, pos, dif, 0, j, -1); /* only positions inside their chunk were added */
+    for (Py_ssize_t r = 0; r < nr; r++) bad |= j[r] != count[r];
+    if (bad) /* only positions inside their chunk were added */
+        for (Py_ssize_t r = 0; r < nr; r++) add_changes(view, itemsize, pb[r].buf, offset, db[r].buf, 0, j[r], -1);
     Py_END_ALLOW_THREADS;
-    if (j != count) {
+    if (bad) {
         PyErr_SetString(CodecError, "changed positions are not grouped by chunk within the tensor");
         goto done;
     }
@@ -1377,18 +1411,21 @@ static PyObject *py_apply_digest(PyObject *self, PyObject *args) {
 done:
     XXH3_freeState(sr);
     PyBuffer_Release(&vb);
-    PyBuffer_Release(&pb);
-    PyBuffer_Release(&db);
+    for (int r = 0; r < held; r++) {
+        PyBuffer_Release(&pb[r]);
+        PyBuffer_Release(&db[r]);
+    }
     return out;
 }
 
-PyDoc_STRVAR(revert_doc, "revert(view, itemsize, positions, differences)\n\nview[positions] -= differences "
-                         "(wrapping): undoes apply_digest. Every position must lie in the tensor.");
+PyDoc_STRVAR(revert_doc, "revert(view, itemsize, positions, differences, offset)\n\nview[positions - offset] -= "
+                         "differences (wrapping): undoes apply_digest. Every position must lie in the tensor.");
 
 static PyObject *py_revert(PyObject *self, PyObject *args) {
     Py_buffer vb, pb, db;
     int itemsize;
-    if (!PyArg_ParseTuple(args, "w*iy*y*", &vb, &itemsize, &pb, &db)) return NULL;
+    Py_ssize_t offset;
+    if (!PyArg_ParseTuple(args, "w*iy*y*n", &vb, &itemsize, &pb, &db, &offset)) return NULL;
     PyObject *out = NULL;
     if (check_itemsize(itemsize)) goto done;
     size_t n = (size_t)vb.len / itemsize, count = (size_t)pb.len / 8;
@@ -1399,8 +1436,8 @@ static PyObject *py_revert(PyObject *self, PyObject *args) {
     const int64_t *pos = pb.buf;
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS;
-    for (size_t t = 0; t < count; t++) bad |= pos[t] < 0 || (size_t)pos[t] >= n;
-    if (!bad) add_changes(vb.buf, itemsize, pos, db.buf, 0, count, -1);
+    for (size_t t = 0; t < count; t++) bad |= pos[t] < offset || (size_t)(pos[t] - offset) >= n;
+    if (!bad) add_changes(vb.buf, itemsize, pos, offset, db.buf, 0, count, -1);
     Py_END_ALLOW_THREADS;
     if (bad) {
         PyErr_SetString(CodecError, "revert: a position lies outside the tensor");
@@ -1857,32 +1894,29 @@ done:
     return out;
 }
 
-/* class_merge's input: per class below the top its changes' ranks and differences (nch of them), how many it
- * has used (nxt), its next rank (next_rank, UINT64_MAX when none is left or the ranks are out of order) and how
- * many members it has met (cnt, MAX_CLASSES lanes); the top class's changes, t of them used. */
+/* class_positions' state: per class below the top its changes' ranks (nch of them), how many it has turned into
+ * positions (nxt), its next rank (next_rank, UINT64_MAX when none is left or the ranks are out of order), how many
+ * members it has met (cnt, MAX_CLASSES lanes) and its output. */
 typedef struct {
     const int64_t **rk;
-    const char **df;
     const size_t *nch;
     size_t *nxt;
     uint64_t *cnt, *next_rank;
-    const int64_t *tpos;
-    const char *tdif;
-    size_t ntop, t;
-} Runs;
+    int64_t **out;
+} Ranks;
 
-/* Class c's changes in one chunk: its members there are mem, the lowest of rank first; those with ranks below
- * seen (= first + popcount(mem)) are marked in `changed` with their differences in lane_dif. A change's lane is
- * the (rank - first)-th set bit of mem: by pdep in the AVX-512 loop (`by_pdep`), else by clearing the bits below
- * it. Returns the class's next rank (also kept in r->next_rank). */
+/* Class c's changes in one chunk (segment position at): its members there are mem, the lowest of rank first; those
+ * with ranks below seen (= first + popcount(mem)) get their positions. A change's lane is the (rank - first)-th set
+ * bit of mem: by pdep in the AVX-512 loop (`by_pdep`), else by clearing the bits below it. Returns the class's next
+ * rank (also kept in r->next_rank). */
 #ifdef HAVE_WIDE
 WIDE static inline int nth_set_bit_wide(uint64_t mem, uint64_t k) { return __builtin_ctzll(_pdep_u64(1ull << k, mem)); }
 #endif
 
-static AI uint64_t merge_class(Runs *r, int c, uint64_t mem, uint64_t first, uint64_t seen, uint64_t *changed,
-                               uint64_t *lane_dif, int itemsize, int by_pdep) {
+static AI uint64_t class_lanes(Ranks *r, int c, uint64_t mem, uint64_t first, uint64_t seen, int64_t at,
+                               int by_pdep) {
     const int64_t *rk = r->rk[c];
-    const char *df = r->df[c];
+    int64_t *out = r->out[c];
     size_t i = r->nxt[c], nch = r->nch[c];
     uint64_t next = r->next_rank[c], skipped = first, rest = mem; /* skipped: the rank of rest's lowest set bit */
     do {
@@ -1896,9 +1930,7 @@ static AI uint64_t merge_class(Runs *r, int c, uint64_t mem, uint64_t first, uin
             for (; skipped < next; skipped++) rest &= rest - 1;
             lane = __builtin_ctzll(rest);
         }
-        *changed |= 1ull << lane;
-        lane_dif[lane] = load_item(df, i, itemsize);
-        i++;
+        out[i++] = at + lane;
         next = i < nch && rk[i] > rk[i - 1] ? (uint64_t)rk[i] : UINT64_MAX;
     } while (next < seen);
     r->nxt[c] = i;
@@ -1906,48 +1938,18 @@ static AI uint64_t merge_class(Runs *r, int c, uint64_t mem, uint64_t first, uin
     return next;
 }
 
-/* The rest of a chunk [at, end) of a part (positions in the part, which starts at segment position off): its
- * top-class changes checked (sorted, in the top class) and marked, then every marked lane written out in position
- * order, part-local, at most cap in all. PASS_BAD for a bad top-class position, PASS_COUNT past cap. */
-static AI int merge_chunk_out(Runs *r, size_t at, size_t end, int64_t off, uint64_t top_members, uint64_t changed,
-                              uint64_t *lane_dif, int64_t *op, char *od, size_t *o, size_t cap, int itemsize) {
-    size_t t = r->t;
-    for (; t < r->ntop && r->tpos[t] - off < (int64_t)end; t++) {
-        int64_t p = r->tpos[t] - off;
-        if (p < (int64_t)at || (t && r->tpos[t] <= r->tpos[t - 1]) || !(top_members >> (p - (int64_t)at) & 1)) {
-            r->t = t;
-            return PASS_BAD;
-        }
-        changed |= 1ull << (p - (int64_t)at);
-        lane_dif[p - (int64_t)at] = load_item(r->tdif, t, itemsize);
-    }
-    r->t = t;
-    size_t k = *o;
-    if (k + (size_t)__builtin_popcountll(changed) > cap) return PASS_COUNT;
-    for (; changed; changed &= changed - 1) {
-        int lane = __builtin_ctzll(changed);
-        op[k] = (int64_t)(at + (size_t)lane);
-        store_item(od, k++, itemsize, lane_dif[lane]);
-    }
-    *o = k;
-    return 0;
-}
-
-#define MERGE_BLOCK_ARGS                                                                                           \
-    const Classes *cl, size_t start, size_t len, int64_t off, const uint64_t *masks, Runs *r, int64_t *op, char *od, \
-        size_t *o, size_t cap
+#define POSITIONS_BLOCK_ARGS const Classes *cl, size_t start, size_t len, int64_t off, const uint64_t *masks, Ranks *r
 
 #ifdef HAVE_WIDE
-WIDE static int merge_block_wide(MERGE_BLOCK_ARGS) {
-    const int nb = cl->nb, itemsize = cl->itemsize, two = nb > 8;
+WIDE static void positions_block_wide(POSITIONS_BLOCK_ARGS) {
+    const int nb = cl->nb, two = nb > 8;
     const size_t stride = MASKS(nb);
     __m512i seen0 = _mm512_loadu_si512((const void *)r->cnt), seen1 = _mm512_loadu_si512((const void *)(r->cnt + 8));
     __m512i next0 = _mm512_loadu_si512((const void *)r->next_rank);
     __m512i next1 = _mm512_loadu_si512((const void *)(r->next_rank + 8));
-    uint64_t before[MAX_CLASSES] __attribute__((aligned(64))), lane_dif[CHUNK];
+    uint64_t before[MAX_CLASSES] __attribute__((aligned(64)));
     const uint64_t *m = masks;
-    int status = 0;
-    for (size_t at = start; at < start + len && !status; at += CHUNK, m += stride) {
+    for (size_t at = start; at < start + len; at += CHUNK, m += stride) {
         __m512i old0 = seen0, old1 = seen1;
         seen0 = _mm512_add_epi64(seen0, chunk_counts_wide(m, 0));
         unsigned due = _mm512_cmplt_epu64_mask(next0, seen0);
@@ -1955,187 +1957,148 @@ WIDE static int merge_block_wide(MERGE_BLOCK_ARGS) {
             seen1 = _mm512_add_epi64(seen1, chunk_counts_wide(m, 1));
             due |= (unsigned)_mm512_cmplt_epu64_mask(next1, seen1) << 8;
         }
-        uint64_t changed = 0;
-        if (due) { /* some class has a change in this chunk */
-            _mm512_store_si512((void *)before, old0);
-            _mm512_store_si512((void *)(before + 8), old1);
-            for (; due; due &= due - 1) {
-                int c = __builtin_ctz(due);
-                const uint64_t mem = m[c + 1] & ~m[c], first = before[c];
-                const uint64_t seen = first + (uint64_t)__builtin_popcountll(mem);
-                uint64_t next = merge_class(r, c, mem, first, seen, &changed, lane_dif, itemsize, 1);
-                if (c < 8) /* the vector lane too, without a round trip through memory */
-                    next0 = _mm512_mask_set1_epi64(next0, (__mmask8)(1u << c), (long long)next);
-                else
-                    next1 = _mm512_mask_set1_epi64(next1, (__mmask8)(1u << (c - 8)), (long long)next);
-            }
+        if (!due) continue;
+        _mm512_store_si512((void *)before, old0);
+        _mm512_store_si512((void *)(before + 8), old1);
+        for (; due; due &= due - 1) { /* the classes with a change in this chunk */
+            int c = __builtin_ctz(due);
+            const uint64_t mem = m[c + 1] & ~m[c], first = before[c];
+            const uint64_t seen = first + (uint64_t)__builtin_popcountll(mem);
+            uint64_t next = class_lanes(r, c, mem, first, seen, off + (int64_t)at, 1);
+            if (c < 8) /* the vector lane too, without a round trip through memory */
+                next0 = _mm512_mask_set1_epi64(next0, (__mmask8)(1u << c), (long long)next);
+            else
+                next1 = _mm512_mask_set1_epi64(next1, (__mmask8)(1u << (c - 8)), (long long)next);
         }
-        size_t end = at + CHUNK < start + len ? at + CHUNK : start + len;
-        status = merge_chunk_out(r, at, end, off, ~m[nb], changed, lane_dif, op, od, o, cap, itemsize);
     }
     _mm512_storeu_si512((void *)r->cnt, seen0);
     _mm512_storeu_si512((void *)(r->cnt + 8), seen1);
-    return status;
 }
 #endif
 
-static AI int merge_block(MERGE_BLOCK_ARGS) {
-    const int nb = cl->nb, itemsize = cl->itemsize;
-    uint64_t lane_dif[CHUNK];
+static AI void positions_block(POSITIONS_BLOCK_ARGS) {
+    const int nb = cl->nb;
     const uint64_t *m = masks;
-    for (size_t at = start; at < start + len; at += CHUNK, m += MASKS(nb)) {
-        uint64_t changed = 0;
+    for (size_t at = start; at < start + len; at += CHUNK, m += MASKS(nb))
         for (int c = 0; c < nb; c++) {
             uint64_t mem = m[c + 1] & ~m[c], first = r->cnt[c], seen = first + (uint64_t)__builtin_popcountll(mem);
             r->cnt[c] = seen;
-            if (r->next_rank[c] < seen) merge_class(r, c, mem, first, seen, &changed, lane_dif, itemsize, 0);
+            if (r->next_rank[c] < seen) class_lanes(r, c, mem, first, seen, off + (int64_t)at, 0);
         }
-        size_t end = at + CHUNK < start + len ? at + CHUNK : start + len;
-        int status = merge_chunk_out(r, at, end, off, ~m[nb], changed, lane_dif, op, od, o, cap, itemsize);
-        if (status) return status;
-    }
-    return 0;
 }
 
-/* class_merge's pass over one part (n elements from segment position off): the part's changes into one sorted
- * run of part-local positions (op, od), cap of them; PASS_BAD for a top-class position out of order or not in
- * the top class, PASS_COUNT for more changes than cap. A class's rank out of order or past its members stops
- * that class (its nxt stays short of nch, which the caller reports). */
-#define MERGE_ARGS                                                                                                 \
-    const Classes *cl, const void *base, size_t n, size_t off, Runs *r, int64_t *op, char *od, size_t *o, size_t cap
-static AI int merge_pass(MERGE_ARGS, int use_wide) {
+/* class_positions' pass over one part (n elements from segment position off): the ranks of every class below the
+ * top that fall in it into segment positions. A class's rank out of order or past its members stops that class
+ * (its nxt stays short of nch, which the caller reports). */
+#define POSITIONS_ARGS const Classes *cl, const void *base, size_t n, size_t off, Ranks *r
+static AI int positions_pass(POSITIONS_ARGS, int use_wide) {
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
     for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
         size_t len = n - start < CHUNK * BLOCK_CHUNKS ? n - start : CHUNK * BLOCK_CHUNKS;
         block_masks(cl, base, start, len, masks, use_wide);
-        int status;
 #ifdef HAVE_WIDE
         if (use_wide)
-            status = merge_block_wide(cl, start, len, (int64_t)off, masks, r, op, od, o, cap);
+            positions_block_wide(cl, start, len, (int64_t)off, masks, r);
         else
 #endif
-            status = merge_block(cl, start, len, (int64_t)off, masks, r, op, od, o, cap);
-        if (status) return status;
+            positions_block(cl, start, len, (int64_t)off, masks, r);
     }
     return 0;
 }
-PASS_VARIANTS(merge, MERGE_ARGS, cl, base, n, off, r, op, od, o, cap)
+PASS_VARIANTS(positions, POSITIONS_ARGS, cl, base, n, off, r)
 
-PyDoc_STRVAR(class_merge_doc,
-             "class_merge(parts, itemsize, mask, bounds, members, ranks, diffs, top_positions, top_diffs, counts) -> "
-             "[(positions int64 Buf, differences Buf) per part]\n\nThe decoder's view: the changed members of every "
-             "class below the top (sorted ranks < members, with their differences) and the top class's changes "
-             "(sorted flat positions in the segment) merged into one sorted run per part (the segment's tensors, in "
-             "order), positions local to the part. Checked: every class has the member count the header gives, "
-             "every top-class position is a top-class member, each part has the number of changes `counts` gives. "
-             "One pass over the parts in chunks of 64 elements (one mask per bound): a chunk's changes of every class "
-             "are marked in a 64-bit mask and written out in position order.");
+/* The top class's changes in one part (segment positions from *tp on, those below off + n): each must exceed the
+ * one before (prev) and have a magnitude of at least the top bound. Branch-free but for the loop: a bad position
+ * reads element 0 instead and sets bad. */
+static int top_check(const Classes *cl, const void *base, size_t n, size_t off, const int64_t *tpos, size_t ntop,
+                     size_t *tp, int64_t *prev) {
+    const uint64_t top = cl->bounds[cl->nb - 1];
+    size_t t = *tp;
+    int64_t last = *prev;
+    int bad = 0;
+    for (; t < ntop && tpos[t] < (int64_t)(off + n); t++) {
+        int64_t p = tpos[t] - (int64_t)off;
+        int outside = p < 0;
+        bad |= outside | (tpos[t] <= last);
+        uint64_t x = load_item(base, outside ? 0 : (size_t)p, cl->itemsize) & cl->mask;
+        bad |= x < top;
+        last = tpos[t];
+    }
+    *tp = t;
+    *prev = last;
+    return bad;
+}
 
-static PyObject *py_class_merge(PyObject *self, PyObject *args) {
-    Py_buffer tpb, tdb;
+PyDoc_STRVAR(class_positions_doc,
+             "class_positions(parts, itemsize, mask, bounds, members, ranks, top_positions) -> [positions int64 "
+             "Buf per class below the top]\n\nThe decoder's view: each class's changed members (sorted ranks < its "
+             "member count) as sorted positions in the segment the parts make up (the segment's tensors, in order). "
+             "Checked: every class has the member count the header gives, its ranks increase and are all used, "
+             "the top class's positions increase, lie in the segment and are top-class members. One pass over the "
+             "parts in chunks of 64 elements (one mask per bound); a class's positions pair with its differences "
+             "as they came.");
+
+static PyObject *py_class_positions(PyObject *self, PyObject *args) {
+    Py_buffer tpb;
     int itemsize;
     unsigned long long mask;
-    PyObject *parts_seq, *bounds, *members, *ranks_l, *diffs_l, *counts, *out = NULL, *list = NULL;
-    if (!PyArg_ParseTuple(args, "OiKOOOOy*y*O", &parts_seq, &itemsize, &mask, &bounds, &members, &ranks_l, &diffs_l,
-                          &tpb, &tdb, &counts))
+    PyObject *parts_seq, *bounds, *members, *ranks_l, *out = NULL, *list = NULL;
+    if (!PyArg_ParseTuple(args, "OiKOOOy*", &parts_seq, &itemsize, &mask, &bounds, &members, &ranks_l, &tpb))
         return NULL;
     Classes clv, *cl = &clv;
     Parts parts = {0, NULL};
-    Py_buffer rb[MAX_CLASSES], db[MAX_CLASSES];
+    Py_buffer rb[MAX_CLASSES];
     int held = 0;
-    size_t *cap = NULL;
-    void **op = NULL, **od = NULL;
     if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds) || parts_get(parts_seq, itemsize, &parts))
         goto done;
     const int nb = cl->nb;
-    if (PySequence_Size(members) != nb || PySequence_Size(ranks_l) != nb || PySequence_Size(diffs_l) != nb) {
-        PyErr_SetString(PyExc_ValueError, "class_merge: one member count, rank and difference array per class");
-        goto done;
-    }
-    if (PySequence_Size(counts) != parts.n) {
-        PyErr_SetString(PyExc_ValueError, "class_merge: one change count per part");
+    if (PySequence_Size(members) != nb || PySequence_Size(ranks_l) != nb || tpb.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "class_positions: one member count and rank array per class");
         goto done;
     }
     size_t want[MAX_CLASSES], nxt[MAX_CLASSES] = {0}, nch[MAX_CLASSES];
     uint64_t cnt[MAX_CLASSES] = {0}, next_rank[MAX_CLASSES];
     const int64_t *rk[MAX_CLASSES];
-    const char *df[MAX_CLASSES];
-    size_t ntop = (size_t)tpb.len / 8;
-    if ((size_t)tdb.len != ntop * itemsize) {
-        PyErr_SetString(PyExc_ValueError, "class_merge: top positions and differences differ in length");
-        goto done;
-    }
+    int64_t *op[MAX_CLASSES];
+    if ((list = PyList_New(nb)) == NULL) goto done;
     for (int c = 0; c < nb; c++) {
-        PyObject *mo = PySequence_GetItem(members, c), *r = PySequence_GetItem(ranks_l, c),
-                 *d = PySequence_GetItem(diffs_l, c);
-        int ok = mo && r && d;
+        PyObject *mo = PySequence_GetItem(members, c), *ro = PySequence_GetItem(ranks_l, c);
+        int ok = mo && ro;
         if (ok) want[c] = PyLong_AsSize_t(mo);
-        ok = ok && !PyErr_Occurred() && PyObject_GetBuffer(r, &rb[c], PyBUF_SIMPLE) == 0;
-        if (ok && PyObject_GetBuffer(d, &db[c], PyBUF_SIMPLE) != 0) {
-            PyBuffer_Release(&rb[c]);
-            ok = 0;
-        }
+        ok = ok && !PyErr_Occurred() && PyObject_GetBuffer(ro, &rb[c], PyBUF_SIMPLE) == 0;
         Py_XDECREF(mo);
-        Py_XDECREF(r);
-        Py_XDECREF(d);
+        Py_XDECREF(ro);
         if (!ok) goto done;
         held++;
+        if (rb[c].len % 8) {
+            PyErr_SetString(PyExc_ValueError, "class_positions: ranks are int64");
+            goto done;
+        }
         nch[c] = (size_t)rb[c].len / 8;
-        if (rb[c].len % 8 || (size_t)db[c].len != nch[c] * itemsize) {
-            PyErr_SetString(PyExc_ValueError, "class_merge: ranks and differences differ in length");
-            goto done;
-        }
         rk[c] = rb[c].buf;
-        df[c] = db[c].buf;
-    }
-    /* one output per part, of the size the tensor list gives (checked by the pass) */
-    size_t np = (size_t)parts.n;
-    cap = PyMem_Calloc(np ? np : 1, sizeof(size_t));
-    op = PyMem_Calloc(np ? np : 1, sizeof(void *));
-    od = PyMem_Calloc(np ? np : 1, sizeof(void *));
-    list = PyList_New(parts.n);
-    if (cap == NULL || op == NULL || od == NULL || list == NULL) {
-        if (list != NULL) PyErr_NoMemory();
-        goto done;
-    }
-    for (size_t i = 0; i < np; i++) {
-        PyObject *item = PySequence_GetItem(counts, (Py_ssize_t)i);
-        cap[i] = item ? PyLong_AsSize_t(item) : 0;
-        Py_XDECREF(item);
-        if (item == NULL || PyErr_Occurred()) goto done;
-        if (cap[i] > (size_t)parts.bufs[i].len / itemsize) {
-            PyErr_SetString(CodecError, "changes per tensor differ from the tensor list");
-            goto done;
-        }
-        PyObject *pbuf = buf_new(cap[i] * 8, &op[i]), *dbuf = pbuf ? buf_new(cap[i] * itemsize, &od[i]) : NULL;
-        PyObject *pair = dbuf ? PyTuple_Pack(2, pbuf, dbuf) : NULL;
-        Py_XDECREF(pbuf);
-        Py_XDECREF(dbuf);
-        if (pair == NULL) goto done;
-        PyList_SET_ITEM(list, (Py_ssize_t)i, pair);
+        PyObject *buf = buf_new(nch[c] * 8, (void **)&op[c]);
+        if (buf == NULL) goto done;
+        PyList_SET_ITEM(list, c, buf);
     }
     for (int c = 0; c < MAX_CLASSES; c++) next_rank[c] = c < nb && nch[c] ? (uint64_t)rk[c][0] : UINT64_MAX;
-    Runs runs = {.rk = rk, .df = df, .nch = nch, .nxt = nxt, .cnt = cnt, .next_rank = next_rank,
-                 .tpos = tpb.buf, .tdif = tdb.buf, .ntop = ntop};
+    Ranks ranks = {.rk = rk, .nch = nch, .nxt = nxt, .cnt = cnt, .next_rank = next_rank, .out = op};
+    const int64_t *tpos = tpb.buf;
+    size_t ntop = (size_t)tpb.len / 8, t = 0;
     const char *err = NULL;
-    int status = 0;
+    int top_bad = 0;
     Py_BEGIN_ALLOW_THREADS;
     size_t off = 0;
-    int short_part = 0; /* a part got fewer changes than the tensor list gives: said after the classes' checks,
-                         * which name the likelier cause (a rank out of order stops its class) */
-    for (size_t i = 0; i < np && !status; i++) {
-        size_t n = (size_t)parts.bufs[i].len / itemsize, o = 0;
-        status = PASS(merge, cl, parts.bufs[i].buf, n, off, &runs, op[i], od[i], &o, cap[i]);
-        short_part |= !status && o != cap[i];
+    int64_t prev = -1;
+    for (Py_ssize_t i = 0; i < parts.n; i++) {
+        size_t n = (size_t)parts.bufs[i].len / itemsize;
+        PASS(positions, cl, parts.bufs[i].buf, n, off, &ranks);
+        top_bad |= top_check(cl, parts.bufs[i].buf, n, off, tpos, ntop, &t, &prev);
         off += n;
     }
-    if (status == PASS_COUNT) err = "changes per tensor differ from the tensor list";
-    else if (status) err = "a top-class position is not in the top class";
-    if (err == NULL && runs.t < ntop) err = "a top-class position is not in the top class";
     for (int c = 0; c < nb && err == NULL; c++)
         if (cnt[c] != want[c]) err = "a class's member count differs from the header's";
         else if (nxt[c] != nch[c]) err = "a class's change ranks are not sorted members";
-    if (err == NULL && short_part) err = "changes per tensor differ from the tensor list";
+    if (err == NULL && (top_bad || t != ntop)) err = "a top-class position is not in the top class";
     Py_END_ALLOW_THREADS;
     if (err) {
         PyErr_SetString(CodecError, err);
@@ -2143,17 +2106,10 @@ static PyObject *py_class_merge(PyObject *self, PyObject *args) {
     }
     out = Py_NewRef(list);
 done:
-    for (int c = 0; c < held; c++) {
-        PyBuffer_Release(&rb[c]);
-        PyBuffer_Release(&db[c]);
-    }
+    for (int c = 0; c < held; c++) PyBuffer_Release(&rb[c]);
     Py_XDECREF(list);
-    PyMem_Free(cap);
-    PyMem_Free(op);
-    PyMem_Free(od);
     parts_release(&parts);
     PyBuffer_Release(&tpb);
-    PyBuffer_Release(&tdb);
     return out;
 }
 
@@ -2309,7 +2265,7 @@ static PyMethodDef methods[] = {
     {"apply_digest", py_apply_digest, METH_VARARGS, apply_digest_doc},
     {"revert", py_revert, METH_VARARGS, revert_doc},
     {"class_split", py_class_split, METH_VARARGS, class_split_doc},
-    {"class_merge", py_class_merge, METH_VARARGS, class_merge_doc},
+    {"class_positions", py_class_positions, METH_VARARGS, class_positions_doc},
     {"class_counts", py_class_counts, METH_VARARGS, class_counts_doc},
     {"bitmap_ranks", py_bitmap_ranks, METH_VARARGS, bitmap_ranks_doc},
     {"ranks_bitmap", py_ranks_bitmap, METH_VARARGS, ranks_bitmap_doc},
