@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from heterorl.weights.classes import (
     choose_bounds,
     class_flags_torch,
+    histograms,
     magnitude_mask,
     magnitudes,
     members,
@@ -91,7 +92,8 @@ def test_bounds_follow_the_exponent_when_small_weights_change_more():
     sample = magnitudes(b[::stride].copy(), 0x7FFF)
 
     def choose(positions: np.ndarray) -> list[int]:
-        return choose_bounds(sample, b.size, magnitudes(b[positions], 0x7FFF), codes[: positions.size], 7)
+        counts = histograms(sample, magnitudes(b[positions], 0x7FFF), codes[: positions.size], 0x7FFF, 7)
+        return choose_bounds(*counts[:1], b.size, counts[1], 7)
 
     bounds = choose(pos)
     assert len(bounds) >= 3

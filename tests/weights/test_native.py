@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from heterorl.bench.steps import step_pair
 from heterorl.weights import PatchError, apply_patch, ctxcode, encode_patch, native
-from heterorl.weights.classes import members
+from heterorl.weights.classes import histograms, members
 from heterorl.weights.diffscan import scan_numpy
 from heterorl.weights.format import UINT, bits_view
 from heterorl.weights.intcode import (
@@ -417,6 +417,34 @@ def _class_passes_match(seed: int, itemsize: int, n_bounds: int, rate: float) ->
             positions(top=top_pos[::-1].copy())
         with pytest.raises(PatchError, match="not in the top class"):
             positions(top=np.concatenate([top_pos, [n]]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 4]), st.integers(1, 300))
+def test_bound_histograms_equal_the_reference(seed, itemsize, stride):
+    """The counts that choose the class bounds, read off the base in one pass (a segment of 1-4 parts, the sample
+    strided across them), equal classes.histograms of the gathered magnitudes; positions out of order or past the
+    segment are refused."""
+    rng = np.random.default_rng(seed)
+    dtype = UINT[itemsize]
+    mask, shift = (1 << (8 * itemsize - 1)) - 1, {2: 7, 4: 23}[itemsize]
+    n = int(rng.integers(1, 9000))
+    base = rng.integers(0, np.iinfo(dtype).max, n, dtype=dtype, endpoint=True)
+    pos = np.flatnonzero(rng.random(n) < rng.random()).astype(np.int64)
+    codes = rng.integers(0, 100, pos.size).astype(dtype)
+    cuts = np.sort(rng.integers(0, n + 1, int(rng.integers(0, 4))))
+    parts = [base[lo:hi] for lo, hi in itertools.pairwise([0, *cuts, n])]
+    got = native.bound_histograms(parts, mask, shift, stride, pos, codes)
+    want = histograms(base[::stride] & dtype(mask), base[pos] & dtype(mask), codes, mask, shift)
+    assert np.array_equal(got[0], want[0])
+    assert np.array_equal(got[1], want[1])
+    if pos.size > 1:
+        with pytest.raises(ValueError, match="sorted and in the segment"):
+            native.bound_histograms(parts, mask, shift, stride, pos[::-1].copy(), codes)
+    with pytest.raises(ValueError, match="sorted and in the segment"):
+        native.bound_histograms(
+            parts, mask, shift, stride, np.array([n], np.int64), codes[:1] if pos.size else np.ones(1, dtype)
+        )
 
 
 def _both(base, new):  # type: ignore[no-untyped-def]

@@ -20,6 +20,7 @@ a fixed header cost per class.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 
@@ -190,56 +191,60 @@ def class_flags_torch(base_I: torch.Tensor, mask: int, bounds: list[int], pos_K:
     return [flags.cpu().numpy() for flags in out[::-1]]
 
 
-def exponent_bins(mag_N: np.ndarray, shift: int) -> np.ndarray:
-    """Exponent field of magnitudes (int64), the unit that class bounds are chosen in."""
-    return (mag_N >> shift).astype(np.int64)
-
-
 def sample_stride(n: int) -> int:
     """Stride of the evenly strided sample of a tensor that `choose_bounds` estimates class sizes from."""
     return max(1, n // _SAMPLE)
 
 
+def exponent_bin_count(mask: int, shift: int) -> int:
+    """Exponent bins of a dtype's magnitudes (bits & mask) >> shift: 256 for bf16 and float32."""
+    return (mask >> shift) + 1
+
+
+def histograms(
+    sample_mag: np.ndarray, mag_K: np.ndarray, codes_K: np.ndarray, mask: int, shift: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """What `choose_bounds` needs to know of a tensor and its step, as counts (int64): per exponent bin, the
+    strided sample's elements (`sample_mag`: their |bits|), and per (exponent bin, value bin) the changed elements
+    (|bits| `mag_K`, value codes `codes_K`; codes of _VALUE_BINS - 1 or more share the last value bin). The
+    numpy reference of `native.bound_histograms`, which reads the same counts off the base in one pass."""
+    bins = exponent_bin_count(mask, shift)
+    sample_E = np.bincount(sample_mag >> sample_mag.dtype.type(shift), minlength=bins)
+    cell = mag_K >> mag_K.dtype.type(shift)  # < 2^11 for every float dtype: the cell index fits the width
+    cell <<= mag_K.dtype.type(6)
+    cell |= np.minimum(codes_K, codes_K.dtype.type(_VALUE_BINS - 1)).astype(cell.dtype, copy=False)
+    changes_EV = np.bincount(cell, minlength=bins * _VALUE_BINS).reshape(bins, _VALUE_BINS)
+    return sample_E.astype(np.int64, copy=False), changes_EV.astype(np.int64, copy=False)
+
+
 def choose_bounds(
-    sample_mag: np.ndarray,
+    sample_E: np.ndarray,
     n: int,
-    mag_K: np.ndarray,
-    codes_K: np.ndarray,
+    changes_EV: np.ndarray,
     shift: int,
     max_classes: int = MAX_CLASSES,
     max_below: float = 1.0,
 ) -> list[int]:
     """Class bounds (magnitudes at exponent boundaries) minimising estimated bits for this tensor's step.
 
-    sample_mag: |bits| of an evenly strided sample of the n base elements (class sizes are estimated from it);
-    mag_K / codes_K: |bits| of the changed elements and their value codes (counted exactly).
-    Cost of a class = n_c h(k_c / n_c) position bits (n h(k / n) over the whole tensor for the top class, which is
-    coded in flat positions) + k_c H(codes | class) + CLASS_COST_BITS. Returns [] (one class) when splitting
-    does not pay.
+    sample_E: per exponent bin, the elements of an evenly strided sample of the n base elements (class sizes are
+    estimated from it); changes_EV: per (exponent bin, value bin), the changed elements (counted exactly), both
+    from `histograms`. Cost of a class = n_c h(k_c / n_c) position bits (n h(k / n) over the whole tensor for the
+    top class, which is coded in flat positions) + k_c H(codes | class) + CLASS_COST_BITS. Returns [] (one class)
+    when splitting does not pay.
     """
-    k = mag_K.size
-    if k == 0 or n < 2 or max_classes < 2:
+    k_all = changes_EV.sum(axis=1)
+    sampled = int(sample_E.sum())
+    if not k_all.any() or n < 2 or max_classes < 2 or not sampled:
         return []
-    # one histogram of (exponent bin, value bin) over the changes; their bin counts are its row sums
-    cell = exponent_bins(mag_K, shift)
-    cell *= _VALUE_BINS
-    np.add(cell, np.minimum(codes_K, _VALUE_BINS - 1), out=cell, casting="unsafe")  # codes < 64 here
-    hist_all = np.bincount(cell).astype(np.float64)
-    hist_all.resize(-(-hist_all.size // _VALUE_BINS) * _VALUE_BINS, refcheck=False)
-    hist_all = hist_all.reshape(-1, _VALUE_BINS)
-    k_all = hist_all.sum(axis=1)
-    n_all = np.bincount(exponent_bins(sample_mag, shift))
     used = np.flatnonzero(k_all)
-    lo = int(min(used[0], np.flatnonzero(n_all)[0]))
-    hi = int(max(used[-1], n_all.size - 1)) + 1
+    lo = int(min(used[0], np.flatnonzero(sample_E)[0]))
+    hi = int(max(used[-1], np.flatnonzero(sample_E)[-1])) + 1
     width = hi - lo
-    n_e = np.zeros(width)
-    n_e[: n_all.size - lo] = n_all[lo:] * (n / sample_mag.size)
-    k_e = np.zeros(width)
-    k_e[: k_all.size - lo] = k_all[lo:hi]
+    n_e = sample_E[lo:hi] * (n / sampled)
+    k_e = k_all[lo:hi].astype(np.float64)
     n_e = np.maximum(n_e, k_e)  # the sample may miss rare exponents that did change
-    hist = np.zeros((width, _VALUE_BINS))
-    hist[: k_all.size - lo] = hist_all[lo:hi]
+    hist = changes_EV[lo:hi].astype(np.float64)
     cost = _segment_costs(n_e, k_e, hist, n)
     # best[j][b]: cheapest split of bins [0, b) into j classes (the last one of them not the top class)
     inf = float("inf")
@@ -286,6 +291,12 @@ def _xlog2x(x: np.ndarray) -> np.ndarray:
     return x * np.log2(np.maximum(x, 1.0))
 
 
+@functools.cache
+def _ranges_of(width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(a, b) of every bin range [a, b) with 0 <= a < b <= width."""
+    return np.triu_indices(width + 1, 1)
+
+
 def _segment_costs(n_e: np.ndarray, k_e: np.ndarray, hist: np.ndarray, n: int) -> _Costs:
     """Costs of every bin range [a, b). A range's value bits are its changes' empirical entropy from its
     histogram h (total k): -sum_v h_v log2(h_v / k) = k log2 k - sum_v h_v log2 h_v, so each cell needs one
@@ -297,8 +308,9 @@ def _segment_costs(n_e: np.ndarray, k_e: np.ndarray, hist: np.ndarray, n: int) -
     ch = np.concatenate([np.zeros((1, hist.shape[1])), np.cumsum(hist, axis=0)])
     seg_n = cn[None, :] - cn[:, None]  # [a, b]
     seg_k = ck[None, :] - ck[:, None]
-    seg_h = ch[None, :, :] - ch[:, None, :]  # [a, b, bin]; negative below the diagonal, where costs are inf
-    value_bits = _xlog2x(seg_k) - _xlog2x(seg_h).sum(axis=2)
+    a, b = _ranges_of(width)
+    value_bits = np.zeros((width + 1, width + 1))  # [a, b], only a < b: the others' costs are inf
+    value_bits[a, b] = _xlog2x(seg_k[a, b]) - _xlog2x(ch[b] - ch[a]).sum(axis=1)
     below = _h(seg_k, seg_n) + value_bits + CLASS_COST_BITS
     below[1:, :] += SPLIT_COST_BITS * cn[None, :]  # a class above the lowest is split off the set below its top
     idx = np.arange(width + 1)

@@ -36,6 +36,7 @@ from heterorl.weights.classes import (
     PARALLEL_MIN,
     choose_bounds,
     class_flags_torch,
+    histograms,
     magnitude_mask,
     magnitudes,
     members,
@@ -142,9 +143,14 @@ def encode_segment(
     mask = magnitude_mask(dtype)
     bounds: list[int] = []
     if mask is not None and n >= MIN_CLASS_NUMEL:
-        sample_mag, mag_K = _magnitudes_for_bounds(base, n, pos_K, mask)
+        shift = MANTISSA_BITS[dtype]
+        if native.enabled() and host:  # the counts read off the base in one pass, no magnitudes gathered
+            sample_E, changes_EV = native.bound_histograms(base, mask, shift, sample_stride(n), pos_K, codes_K)  # type: ignore[arg-type]
+        else:  # the reference, and a base on a device: the magnitudes gathered (the class pass below needs them)
+            sample_mag, mag_K = _magnitudes_for_bounds(base, n, pos_K, mask)
+            sample_E, changes_EV = histograms(sample_mag, mag_K, codes_K, mask, shift)
         max_below = 1.0 if n <= SMALL_SEGMENT else min(MAX_BELOW_DENSE, max(MAX_BELOW, 3 * count / n))
-        bounds = choose_bounds(sample_mag, n, mag_K, codes_K, MANTISSA_BITS[dtype], MAX_CLASSES, max_below)
+        bounds = choose_bounds(sample_E, n, changes_EV, shift, MAX_CLASSES, max_below)
     parts: list[np.ndarray] = []
     specs: list[ClassSpec] = []
     pos_top, codes_top = pos_K, codes_K

@@ -188,6 +188,15 @@ def class_positions(
     return [_array(pos, np.int64) for pos in out]
 
 
+def bound_histograms(
+    parts: Sequence[np.ndarray], mask: int, shift: int, stride: int, pos_K: np.ndarray, codes_K: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """classes.histograms of the segment that `parts` make up, read off its base: (per exponent bin, the elements at
+    every `stride`-th position; per (exponent bin, value bin), the changes at `pos_K` with codes `codes_K`)."""
+    sample, changes = _pulse.bound_histograms(parts, parts[0].itemsize, mask, shift, stride, pos_K, codes_K)
+    return _array(sample, np.int64), _array(changes, np.int64).reshape(-1, 64)
+
+
 def class_counts(parts: Sequence[np.ndarray], mask: int, bounds: list[int]) -> list[int]:
     """Members of each class below the top in the segment that `parts` make up."""
     return _pulse.class_counts(parts, parts[0].itemsize, mask, bounds)

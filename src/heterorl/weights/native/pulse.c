@@ -1735,6 +1735,65 @@ static AI int count_pass(COUNT_ARGS, int use_wide) {
 }
 PASS_VARIANTS(count, COUNT_ARGS, cl, base, n, cnt)
 
+PyDoc_STRVAR(bound_histograms_doc,
+             "bound_histograms(parts, itemsize, mask, shift, stride, positions, codes) -> (sample counts, change "
+             "counts)\n\nclasses.histograms from the base itself: per exponent bin ((bits & mask) >> shift), the "
+             "elements at every stride-th position of the segment the parts make up (from 0), and per (exponent "
+             "bin, value bin) the changed elements at `positions` (sorted, in the segment) with their value codes "
+             "(min(code, 63)); int64 Bufs of (mask >> shift) + 1 and 64 times that many counts.");
+
+static PyObject *py_bound_histograms(PyObject *self, PyObject *args) {
+    Py_buffer pb, cb;
+    int itemsize, shift;
+    unsigned long long mask;
+    Py_ssize_t stride;
+    PyObject *parts_seq, *out = NULL, *sample = NULL, *changes = NULL;
+    if (!PyArg_ParseTuple(args, "OiKiny*y*", &parts_seq, &itemsize, &mask, &shift, &stride, &pb, &cb)) return NULL;
+    Parts parts = {0, NULL};
+    if (check_itemsize(itemsize) || parts_get(parts_seq, itemsize, &parts)) goto done;
+    size_t count = (size_t)pb.len / 8, bins = (size_t)(mask >> shift) + 1;
+    if (pb.len % 8 || (size_t)cb.len != count * itemsize || stride < 1 || shift < 0 || shift > 63 || bins > 4096) {
+        PyErr_SetString(PyExc_ValueError, "bound_histograms: sizes do not fit");
+        goto done;
+    }
+    int64_t *sh, *ch;
+    if ((sample = buf_new(bins * 8, (void **)&sh)) == NULL || (changes = buf_new(bins * 64 * 8, (void **)&ch)) == NULL)
+        goto done;
+    memset(sh, 0, bins * 8);
+    memset(ch, 0, bins * 64 * 8);
+    const int64_t *pos = pb.buf;
+    int bad = 0;
+    Py_BEGIN_ALLOW_THREADS;
+    size_t off = 0, j = 0, s = 0; /* s: the next sampled segment position */
+    for (Py_ssize_t i = 0; i < parts.n; i++) {
+        const void *base = parts.bufs[i].buf;
+        size_t n = (size_t)parts.bufs[i].len / itemsize;
+        for (; s < off + n; s += (size_t)stride) sh[(load_item(base, s - off, itemsize) & mask) >> shift]++;
+        for (; j < count && pos[j] < (int64_t)(off + n); j++) {
+            bad |= pos[j] < (int64_t)off || (j && pos[j] <= pos[j - 1]);
+            if (bad) break;
+            uint64_t code = load_item(cb.buf, j, itemsize);
+            ch[((load_item(base, (size_t)pos[j] - off, itemsize) & mask) >> shift) * 64 + (code < 63 ? code : 63)]++;
+        }
+        if (bad) break;
+        off += n;
+    }
+    bad |= j != count;
+    Py_END_ALLOW_THREADS;
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "bound_histograms: positions must be sorted and in the segment");
+        goto done;
+    }
+    out = PyTuple_Pack(2, sample, changes);
+done:
+    Py_XDECREF(sample);
+    Py_XDECREF(changes);
+    parts_release(&parts);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&cb);
+    return out;
+}
+
 PyDoc_STRVAR(class_counts_doc, "class_counts(parts, itemsize, mask, bounds) -> [members per class below the top]\n\n"
                                "The member count of each class below the top in the segment the parts make up (the "
                                "class passes' first phase when a segment is cut into ranges for threads).");
@@ -2267,6 +2326,7 @@ static PyMethodDef methods[] = {
     {"class_split", py_class_split, METH_VARARGS, class_split_doc},
     {"class_positions", py_class_positions, METH_VARARGS, class_positions_doc},
     {"class_counts", py_class_counts, METH_VARARGS, class_counts_doc},
+    {"bound_histograms", py_bound_histograms, METH_VARARGS, bound_histograms_doc},
     {"bitmap_ranks", py_bitmap_ranks, METH_VARARGS, bitmap_ranks_doc},
     {"ranks_bitmap", py_ranks_bitmap, METH_VARARGS, ranks_bitmap_doc},
     {"empty", py_empty, METH_VARARGS, empty_doc},
