@@ -1954,113 +1954,79 @@ done:
 }
 
 /* class_positions' state: per class below the top its changes' ranks (nch of them), how many it has turned into
- * positions (nxt), its next rank (next_rank, UINT64_MAX when none is left or the ranks are out of order), how many
- * members it has met (cnt, MAX_CLASSES lanes) and its output. */
+ * positions (nxt), how many members it has met (cnt, MAX_CLASSES lanes) and its output; bad is set by a rank that
+ * does not exceed the one before it. */
 typedef struct {
     const int64_t **rk;
     const size_t *nch;
     size_t *nxt;
-    uint64_t *cnt, *next_rank;
+    uint64_t *cnt;
     int64_t **out;
+    int bad;
 } Ranks;
 
-/* Class c's changes in one chunk (segment position at): its members there are mem, the lowest of rank first; those
- * with ranks below seen (= first + popcount(mem)) get their positions. A change's lane is the (rank - first)-th set
- * bit of mem: by pdep in the AVX-512 loop (`by_pdep`), else by clearing the bits below it. Returns the class's next
- * rank (also kept in r->next_rank). */
+/* The k-th set bit of mem (k < popcount(mem)), by pdep. */
 #ifdef HAVE_WIDE
 WIDE static inline int nth_set_bit_wide(uint64_t mem, uint64_t k) { return __builtin_ctzll(_pdep_u64(1ull << k, mem)); }
 #endif
 
-static AI uint64_t class_lanes(Ranks *r, int c, uint64_t mem, uint64_t first, uint64_t seen, int64_t at,
-                               int by_pdep) {
-    const int64_t *rk = r->rk[c];
-    int64_t *out = r->out[c];
-    size_t i = r->nxt[c], nch = r->nch[c];
-    uint64_t next = r->next_rank[c], skipped = first, rest = mem; /* skipped: the rank of rest's lowest set bit */
-    do {
-        int lane;
-#ifdef HAVE_WIDE
-        if (by_pdep)
-            lane = nth_set_bit_wide(mem, next - first);
-        else
-#endif
-        {
-            for (; skipped < next; skipped++) rest &= rest - 1;
-            lane = __builtin_ctzll(rest);
-        }
-        out[i++] = at + lane;
-        next = i < nch && rk[i] > rk[i - 1] ? (uint64_t)rk[i] : UINT64_MAX;
-    } while (next < seen);
-    r->nxt[c] = i;
-    r->next_rank[c] = next;
-    return next;
-}
-
-#define POSITIONS_BLOCK_ARGS const Classes *cl, size_t start, size_t len, int64_t off, const uint64_t *masks, Ranks *r
-
-#ifdef HAVE_WIDE
-WIDE static void positions_block_wide(POSITIONS_BLOCK_ARGS) {
-    const int nb = cl->nb, two = nb > 8;
-    const size_t stride = MASKS(nb);
-    __m512i seen0 = _mm512_loadu_si512((const void *)r->cnt), seen1 = _mm512_loadu_si512((const void *)(r->cnt + 8));
-    __m512i next0 = _mm512_loadu_si512((const void *)r->next_rank);
-    __m512i next1 = _mm512_loadu_si512((const void *)(r->next_rank + 8));
-    uint64_t before[MAX_CLASSES] __attribute__((aligned(64)));
-    const uint64_t *m = masks;
-    for (size_t at = start; at < start + len; at += CHUNK, m += stride) {
-        __m512i old0 = seen0, old1 = seen1;
-        seen0 = _mm512_add_epi64(seen0, chunk_counts_wide(m, 0));
-        unsigned due = _mm512_cmplt_epu64_mask(next0, seen0);
-        if (two) {
-            seen1 = _mm512_add_epi64(seen1, chunk_counts_wide(m, 1));
-            due |= (unsigned)_mm512_cmplt_epu64_mask(next1, seen1) << 8;
-        }
-        if (!due) continue;
-        _mm512_store_si512((void *)before, old0);
-        _mm512_store_si512((void *)(before + 8), old1);
-        for (; due; due &= due - 1) { /* the classes with a change in this chunk */
-            int c = __builtin_ctz(due);
-            const uint64_t mem = m[c + 1] & ~m[c], first = before[c];
-            const uint64_t seen = first + (uint64_t)__builtin_popcountll(mem);
-            uint64_t next = class_lanes(r, c, mem, first, seen, off + (int64_t)at, 1);
-            if (c < 8) /* the vector lane too, without a round trip through memory */
-                next0 = _mm512_mask_set1_epi64(next0, (__mmask8)(1u << c), (long long)next);
-            else
-                next1 = _mm512_mask_set1_epi64(next1, (__mmask8)(1u << (c - 8)), (long long)next);
-        }
-    }
-    _mm512_storeu_si512((void *)r->cnt, seen0);
-    _mm512_storeu_si512((void *)(r->cnt + 8), seen1);
-}
-#endif
-
+/* One block [start, start + len) of a part (which starts at segment position off), its masks and its class counts
+ * before each chunk (prefix, as block_counts makes them; cnt already advanced past the block): every class's ranks
+ * below its count at the block's end become positions. A rank's chunk is the last whose count before it is at most
+ * the rank, found by a binary search without branches (the counts never decrease; chunks past the block count as
+ * infinitely many), its lane by pdep in the chunk's member mask: no branch depends on where the changes are but the
+ * loop over each class's ranks, which ends once per class and block. */
+#define POSITIONS_BLOCK_ARGS                                                                                       \
+    const Classes *cl, size_t start, size_t len, int64_t off, const uint64_t *masks, uint64_t *prefix, Ranks *r,  \
+        int by_pdep
 static AI void positions_block(POSITIONS_BLOCK_ARGS) {
     const int nb = cl->nb;
-    const uint64_t *m = masks;
-    for (size_t at = start; at < start + len; at += CHUNK, m += MASKS(nb))
-        for (int c = 0; c < nb; c++) {
-            uint64_t mem = m[c + 1] & ~m[c], first = r->cnt[c], seen = first + (uint64_t)__builtin_popcountll(mem);
-            r->cnt[c] = seen;
-            if (r->next_rank[c] < seen) class_lanes(r, c, mem, first, seen, off + (int64_t)at, 0);
+    const size_t stride = MASKS(nb), chunks = (len + CHUNK - 1) / CHUNK;
+    for (size_t q = chunks; q < BLOCK_CHUNKS; q++)
+        for (int c = 0; c < nb; c++) prefix[q * MAX_CLASSES + (size_t)c] = UINT64_MAX;
+    for (int c = 0; c < nb; c++) {
+        const int64_t *rk = r->rk[c];
+        int64_t *out = r->out[c];
+        const uint64_t *pc = prefix + c, end = r->cnt[c];
+        size_t i = r->nxt[c], nch = r->nch[c];
+        int64_t last = i ? rk[i - 1] : -1;
+        int bad = 0;
+        for (; i < nch && (uint64_t)rk[i] < end; i++) {
+            const uint64_t rank = (uint64_t)rk[i];
+            bad |= (int64_t)rank <= last || rank < pc[0];
+            last = (int64_t)rank;
+            size_t q = 0;
+            for (size_t h = BLOCK_CHUNKS / 2; h; h >>= 1) q = pc[(q + h) * MAX_CLASSES] <= rank ? q + h : q;
+            const uint64_t *m = masks + q * stride, mem = m[c + 1] & ~m[c], k = (rank - pc[q * MAX_CLASSES]) & 63;
+            int lane;
+#ifdef HAVE_WIDE
+            if (by_pdep)
+                lane = nth_set_bit_wide(mem, k);
+            else
+#endif
+            {
+                uint64_t rest = mem;
+                for (uint64_t s = 0; s < k; s++) rest &= rest - 1;
+                lane = __builtin_ctzll(rest | (1ull << 63));
+            }
+            out[i] = off + (int64_t)(start + q * CHUNK) + lane;
         }
+        r->nxt[c] = i;
+        r->bad |= bad;
+    }
 }
 
 /* class_positions' pass over one part (n elements from segment position off): the ranks of every class below the
- * top that fall in it into segment positions. A class's rank out of order or past its members stops that class
- * (its nxt stays short of nch, which the caller reports). */
+ * top that fall in it into segment positions. A class's rank out of order sets r->bad; one past its members is
+ * never reached (its nxt stays short of nch). Both are reported by the caller. */
 #define POSITIONS_ARGS const Classes *cl, const void *base, size_t n, size_t off, Ranks *r
 static AI int positions_pass(POSITIONS_ARGS, int use_wide) {
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
+    uint64_t prefix[BLOCK_CHUNKS * MAX_CLASSES];           /* class counts before each chunk of the block */
     for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
         size_t len = n - start < CHUNK * BLOCK_CHUNKS ? n - start : CHUNK * BLOCK_CHUNKS;
-        block_masks(cl, base, start, len, masks, use_wide);
-#ifdef HAVE_WIDE
-        if (use_wide)
-            positions_block_wide(cl, start, len, (int64_t)off, masks, r);
-        else
-#endif
-            positions_block(cl, start, len, (int64_t)off, masks, r);
+        block_counts(cl, base, start, len, masks, r->cnt, prefix, use_wide);
+        positions_block(cl, start, len, (int64_t)off, masks, prefix, r, use_wide);
     }
     return 0;
 }
@@ -2116,7 +2082,7 @@ static PyObject *py_class_positions(PyObject *self, PyObject *args) {
         goto done;
     }
     size_t want[MAX_CLASSES], nxt[MAX_CLASSES] = {0}, nch[MAX_CLASSES];
-    uint64_t cnt[MAX_CLASSES] = {0}, next_rank[MAX_CLASSES];
+    uint64_t cnt[MAX_CLASSES] = {0};
     const int64_t *rk[MAX_CLASSES];
     int64_t *op[MAX_CLASSES];
     if ((list = PyList_New(nb)) == NULL) goto done;
@@ -2139,8 +2105,7 @@ static PyObject *py_class_positions(PyObject *self, PyObject *args) {
         if (buf == NULL) goto done;
         PyList_SET_ITEM(list, c, buf);
     }
-    for (int c = 0; c < MAX_CLASSES; c++) next_rank[c] = c < nb && nch[c] ? (uint64_t)rk[c][0] : UINT64_MAX;
-    Ranks ranks = {.rk = rk, .nch = nch, .nxt = nxt, .cnt = cnt, .next_rank = next_rank, .out = op};
+    Ranks ranks = {.rk = rk, .nch = nch, .nxt = nxt, .cnt = cnt, .out = op, .bad = 0};
     const int64_t *tpos = tpb.buf;
     size_t ntop = (size_t)tpb.len / 8, t = 0;
     const char *err = NULL;
@@ -2156,7 +2121,7 @@ static PyObject *py_class_positions(PyObject *self, PyObject *args) {
     }
     for (int c = 0; c < nb && err == NULL; c++)
         if (cnt[c] != want[c]) err = "a class's member count differs from the header's";
-        else if (nxt[c] != nch[c]) err = "a class's change ranks are not sorted members";
+        else if (nxt[c] != nch[c] || ranks.bad) err = "a class's change ranks are not sorted members";
     if (err == NULL && (top_bad || t != ntop)) err = "a top-class position is not in the top class";
     Py_END_ALLOW_THREADS;
     if (err) {
