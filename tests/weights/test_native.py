@@ -348,6 +348,9 @@ def test_class_passes_equal_the_reference(wide, seed, itemsize, n_bounds, rate):
         _class_passes_match(seed, itemsize, n_bounds, rate)
 
 
+MANTISSA_BITS = {2: 7, 4: 23}  # bf16, float32
+
+
 def _class_passes_match(seed: int, itemsize: int, n_bounds: int, rate: float) -> None:
     rng = np.random.default_rng(seed)
     dtype = UINT[itemsize]
@@ -356,6 +359,8 @@ def _class_passes_match(seed: int, itemsize: int, n_bounds: int, rate: float) ->
     base = (rng.normal(0, 0.02, n).astype(np.float32).view(np.uint32) >> (16 if itemsize == 2 else 0)).astype(dtype)
     mags = np.sort(np.unique(base & dtype(mask)))
     drawn = rng.choice(mags[1:], min(n_bounds, mags.size - 1)) if mags.size > 1 else []
+    if rng.random() < 0.5:  # at exponent boundaries, as choose_bounds gives them (class_split's small table)
+        drawn = [int(b) >> MANTISSA_BITS[itemsize] << MANTISSA_BITS[itemsize] for b in drawn]
     bounds = sorted({int(b) for b in drawn} - {0}) or [1]
     pos = np.flatnonzero(rng.random(n) < rate).astype(np.int64)
     codes = rng.integers(0, 5, pos.size).astype(dtype)

@@ -1655,7 +1655,7 @@ WIDE static inline __m512i chunk_counts_wide(const uint64_t *m, int h) {
 /* class_split's changes of one block [start, start + len) of a part (which starts at segment position off):
  * pos[*jp .. jend) into their classes' outputs, in one loop over the changes (a loop per chunk mispredicted its
  * exit once per chunk). prefix[q * MAX_CLASSES + c]: class c's members before chunk q. */
-static AI int split_changes(const Classes *cl, const uint8_t *lut, const void *base, size_t start,
+static AI int split_changes(const Classes *cl, const uint8_t *lut, int lut_shift, const void *base, size_t start,
                             const uint64_t *masks, const uint64_t *prefix, const int64_t *pos, int64_t off,
                             const char *code, size_t *jp, size_t jend, int64_t **rp, char **cp) {
     const int nb = cl->nb, itemsize = cl->itemsize;
@@ -1667,7 +1667,7 @@ static AI int split_changes(const Classes *cl, const uint8_t *lut, const void *b
         size_t q = ((size_t)p - start) / CHUNK;
         int l = (int)(((size_t)p - start) % CHUNK), c;
         if (lut)
-            c = lut[x];
+            c = lut[x >> lut_shift];
         else
             for (c = 0; c < nb && x >= cl->bounds[c];) c++;
         const uint64_t *m = masks + q * stride;
@@ -1829,8 +1829,8 @@ done:
  * for 16-bit elements), its rank from the class counts and the chunk's masks. cnt: MAX_CLASSES counts, carried
  * from part to part: class c's member count at the end. */
 #define SPLIT_ARGS                                                                                                 \
-    const Classes *cl, const uint8_t *lut, const void *base, size_t n, size_t off, const int64_t *pos,            \
-        const char *code, size_t count, size_t *jp, Vec *outp, Vec *outc, uint64_t *cnt
+    const Classes *cl, const uint8_t *lut, int lut_shift, const void *base, size_t n, size_t off,                 \
+        const int64_t *pos, const char *code, size_t count, size_t *jp, Vec *outp, Vec *outc, uint64_t *cnt
 static AI int split_pass(SPLIT_ARGS, int use_wide) {
     const int nb = cl->nb, itemsize = cl->itemsize;
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
@@ -1847,7 +1847,7 @@ static AI int split_pass(SPLIT_ARGS, int use_wide) {
             cp[c] = outc[c].data + outc[c].len * itemsize;
         }
         block_counts(cl, base, start, len, masks, cnt, prefix, use_wide);
-        int status = split_changes(cl, lut, base, start, masks, prefix, pos, (int64_t)off, code, &j, jend, rp, cp);
+        int status = split_changes(cl, lut, lut_shift, base, start, masks, prefix, pos, (int64_t)off, code, &j, jend, rp, cp);
         for (int c = 0; c <= nb; c++) {
             outp[c].len = (size_t)(rp[c] - (int64_t *)outp[c].data);
             outc[c].len = outp[c].len;
@@ -1857,7 +1857,7 @@ static AI int split_pass(SPLIT_ARGS, int use_wide) {
     *jp = j;
     return 0;
 }
-PASS_VARIANTS(split, SPLIT_ARGS, cl, lut, base, n, off, pos, code, count, jp, outp, outc, cnt)
+PASS_VARIANTS(split, SPLIT_ARGS, cl, lut, lut_shift, base, n, off, pos, code, count, jp, outp, outc, cnt)
 
 PyDoc_STRVAR(class_split_doc,
              "class_split(parts, itemsize, mask, bounds, positions, codes) -> (members, ranks, codes, top positions, "
@@ -1879,16 +1879,23 @@ static PyObject *py_class_split(PyObject *self, PyObject *args) {
     Vec outp[MAX_CLASSES + 1], outc[MAX_CLASSES + 1];
     memset(outp, 0, sizeof outp);
     memset(outc, 0, sizeof outc);
-    uint8_t *lut = NULL; /* 16-bit elements: the class of every magnitude */
+    /* the class of every magnitude >> lut_shift, where all bounds are multiples of 2^lut_shift: 256 entries for
+     * the exponent-aligned bounds that choose_bounds gives bf16 and float32, at most 2^16 for any 16-bit bounds */
+    uint8_t *lut = NULL;
+    int lut_shift = 0;
     if (check_itemsize(itemsize) || classes_init(cl, itemsize, mask, bounds) || parts_get(parts_seq, itemsize, &parts))
         goto done;
-    if (itemsize == 2) {
-        if ((lut = malloc((size_t)mask + 1)) == NULL) {
+    lut_shift = 63;
+    for (int c = 0; c < cl->nb; c++)
+        if (__builtin_ctzll(cl->bounds[c]) < lut_shift) lut_shift = __builtin_ctzll(cl->bounds[c]);
+    if ((mask >> lut_shift) < (1u << 16)) {
+        if ((lut = malloc((size_t)(mask >> lut_shift) + 1)) == NULL) {
             PyErr_NoMemory();
             goto done;
         }
         for (int c = 0; c <= cl->nb; c++) {
-            uint64_t lo = c ? cl->bounds[c - 1] : 0, hi = c < cl->nb ? cl->bounds[c] : (uint64_t)mask + 1;
+            uint64_t lo = c ? cl->bounds[c - 1] >> lut_shift : 0;
+            uint64_t hi = c < cl->nb ? cl->bounds[c] >> lut_shift : (mask >> lut_shift) + 1;
             memset(lut + lo, c, hi - lo);
         }
     }
@@ -1908,7 +1915,7 @@ static PyObject *py_class_split(PyObject *self, PyObject *args) {
     size_t j = 0, off = 0;
     for (Py_ssize_t i = 0; i < parts.n && !status; i++) {
         size_t n = (size_t)parts.bufs[i].len / itemsize;
-        status = PASS(split, cl, lut, parts.bufs[i].buf, n, off, pb.buf, cb.buf, count, &j, outp, outc, cnt);
+        status = PASS(split, cl, lut, lut_shift, parts.bufs[i].buf, n, off, pb.buf, cb.buf, count, &j, outp, outc, cnt);
         off += n;
     }
     if (!status && j != count) status = PASS_BAD;
