@@ -1551,9 +1551,9 @@ __attribute__((target("avx512f,avx512bw"))) static inline void masks16_wide(cons
     for (size_t q = 0; q < chunks; q++, p += 2 * CHUNK, m += MASKS(nb)) {
         __m512i x0 = _mm512_and_si512(_mm512_loadu_si512((const void *)p), low15);
         __m512i x1 = _mm512_and_si512(_mm512_loadu_si512((const void *)(p + 64)), low15);
-        for (int c = 0; c < nb; c++)
-            m[c + 1] =
-                (uint64_t)_mm512_cmplt_epu16_mask(x0, bv[c]) | (uint64_t)_mm512_cmplt_epu16_mask(x1, bv[c]) << 32;
+        for (int c = 0; c < nb; c++) /* the two halves joined in a mask register, stored from there */
+            _store_mask64((__mmask64 *)(m + c + 1), _mm512_kunpackd((__mmask64)_mm512_cmplt_epu16_mask(x1, bv[c]),
+                                                                   (__mmask64)_mm512_cmplt_epu16_mask(x0, bv[c])));
     }
 }
 #endif
