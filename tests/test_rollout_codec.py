@@ -106,6 +106,24 @@ def test_invalid_content_is_rejected(mutate, message: str) -> None:
         decode_group(encode_group(group), LIMITS)
 
 
+@pytest.mark.parametrize("length", [0, -1, 5, 2**31 - 1])
+def test_completion_lengths_outside_one_to_l_are_rejected(length: int) -> None:
+    """The mask is built from the sent lengths: each must be in [1, L] (L = 4 here), and one bad row is enough."""
+    G, L = 3, 4
+    data = bytearray(encode_group(make_group(G=G, L=L)))
+    at = len(data) - 4 * (G + 2 * G * L + G) + 4  # the second row's length (lengths come after the ids)
+    data[at : at + 4] = struct.pack("<i", length)
+    with pytest.raises(RolloutError, match=r"completion lengths must be in \[1, 4\]"):
+        decode_group(bytes(data), LIMITS)
+
+
+def test_decoded_mask_is_int64_prefixes_of_the_lengths() -> None:
+    group = decode_group(encode_group(make_group(G=3, L=4, seed=2)), LIMITS)
+    assert group.completion_mask_GL.dtype == torch.int64
+    lengths = group.completion_mask_GL.sum(1)
+    assert torch.equal(group.completion_mask_GL, (torch.arange(4)[None] < lengths[:, None]).long())
+
+
 def test_group_size_and_length_limits() -> None:
     data = encode_group(make_group(G=3))
     with pytest.raises(RolloutError, match="group size 3"):

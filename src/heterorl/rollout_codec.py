@@ -153,10 +153,10 @@ def decode_group(data: bytes, limits: GroupLimits) -> RolloutGroup:
         count = math.prod(shape)
         arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=offset).reshape(shape)
         offset += count * 4
-    lengths = torch.from_numpy(arrays["lengths"].astype(np.int64))
+    lengths = arrays["lengths"].astype(np.int64)  # numpy: each torch op on arrays this small costs several times more
     if ((lengths < 1) | (lengths > L)).any():
         raise RolloutError(f"completion lengths must be in [1, {L}]")
-    mask = (torch.arange(L)[None, :] < lengths[:, None]).long()
+    mask = torch.from_numpy((np.arange(L)[None, :] < lengths[:, None]).astype(np.int64))
     group = RolloutGroup(
         group_id=header["group_id"],
         sampler_id=header["sampler_id"],
