@@ -144,3 +144,22 @@ def test_custom_rewards_are_recomputed_unless_they_say_they_cannot_be(reward_mod
     judged = make_task(AdditionTaskConfig(digits=2, reward=f"{reward_module}:judge"))
     verdict = recheck_rewards(judged, group(prompt, ["1"], [0.25]), DECODE)
     assert (verdict.reason, verdict.rewards_G, verdict.refused) == ("unverifiable", None, False)
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 1e-6, 0.1, 0.3])
+def test_reward_comparison_is_the_float32_torch_one(tolerance: float) -> None:
+    """`compare_rewards` (numpy) flags exactly what the float32 torch comparison flags, at the tolerance's edge too:
+    float32(0.1) > 0.1, so a difference of exactly float32(0.1) is within a tolerance of 0.1."""
+    from heterorl.tasks.recheck import compare_rewards
+
+    gen = torch.Generator().manual_seed(3)
+    claimed = torch.rand(64, generator=gen)
+    edge = torch.tensor(tolerance, dtype=torch.float32)
+    learner = torch.cat([claimed[:16] + edge, claimed[16:32] - edge, claimed[32:48], torch.rand(16, generator=gen)])
+    learner = learner.float()
+    timed_out = (torch.arange(64) % 5 == 0).tolist()
+    want_off = ((learner - claimed).abs() > tolerance) & ~torch.tensor(timed_out)
+    rewards, off = compare_rewards(learner.tolist(), timed_out, claimed.numpy(), tolerance)
+    assert rewards.dtype == torch.float32
+    assert torch.equal(rewards, learner)
+    assert off.tolist() == want_off.tolist()

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from heterorl.rollout import RolloutGroup
@@ -62,12 +63,26 @@ def recheck_rewards(task: Task, group: RolloutGroup, decode: Decode, tolerance: 
         return RewardVerdict("unknown_prompt", detail=f"{group.prompt[:60]!r} is not a training prompt of the task")
     texts = decode(group.completion_ids_GL, group.completion_mask_GL)
     scored = [_score(task, problem, text) for text in texts]
-    rewards_G = torch.tensor([r for r, _ in scored], dtype=torch.float32)  # as the sampler sends them
-    timed_out_G = torch.tensor([t for _, t in scored], dtype=torch.bool)
-    off_G = ((rewards_G - group.rewards_G.float()).abs() > tolerance) & ~timed_out_G
-    if bool(off_G.any()):
-        i = int(off_G.nonzero()[0])
+    rewards_G, off_G = compare_rewards(
+        [r for r, _ in scored], [t for _, t in scored], group.rewards_G.detach().cpu().numpy(), tolerance
+    )
+    if off_G.any():
+        i = int(off_G.nonzero()[0][0])
         detail = f"{int(off_G.sum())} of {len(texts)} rewards differ (completion {i}: claimed "
         detail += f"{float(group.rewards_G[i]):.4g}, the learner's {float(rewards_G[i]):.4g})"
         return RewardVerdict("reward_mismatch", rewards_G, detail)
     return RewardVerdict("", rewards_G)
+
+
+def compare_rewards(
+    rewards: list[float], timed_out: list[bool], claimed_G: np.ndarray, tolerance: float
+) -> tuple[torch.Tensor, np.ndarray]:
+    """(the learner's rewards as float32, as the sampler sends them; which claimed rewards differ by more than
+    `tolerance` where the learner's check did not time out). In float32 throughout, the tolerance too, as a torch
+    comparison of float32 tensors computes it; numpy, since each torch op on a group's few rewards costs several
+    times one in numpy."""
+    rewards_G = np.array(rewards, dtype=np.float32)
+    off_G = (np.abs(rewards_G - claimed_G.astype(np.float32, copy=False)) > np.float32(tolerance)) & ~np.array(
+        timed_out, dtype=bool
+    )
+    return torch.from_numpy(rewards_G), off_G
