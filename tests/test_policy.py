@@ -163,3 +163,29 @@ def test_encode_prompts_matches_the_tokenizer_and_caches_prompt_ids(policy: Poli
     first = policy.text.prompt_ids(PROMPTS[1])
     first.append(-1)  # a copy: the cached ids cannot be altered by a caller
     assert policy.text.prompt_ids(PROMPTS[1]) == enc["input_ids"][1][enc["attention_mask"][1].bool()].tolist()
+
+
+def test_decode_completions_is_the_tokenizers_decode_cached_by_exact_ids() -> None:
+    """Texts come from the tokenizer the first time and from the cache after, the same either way: a row's ids
+    without eos and masked-off positions, each row by its own ids (rows that differ in one id or in length never
+    share a text), and rows longer than TEXT_CACHE_TOKENS decoded every time."""
+    from heterorl.policy import TEXT_CACHE_TOKENS, TextFormat
+    from heterorl.tokenizer import build_char_tokenizer
+
+    text = TextFormat(build_char_tokenizer())
+    tok, eos = text.tokenizer, text.eos_id
+    rows = [tok("12", add_special_tokens=False)["input_ids"], tok("123", add_special_tokens=False)["input_ids"]]
+    rows += [tok("13", add_special_tokens=False)["input_ids"], tok("9" * (TEXT_CACHE_TOKENS + 3))["input_ids"]]
+    L = max(len(r) for r in rows) + 2
+    ids = torch.full((len(rows) + 1, L), text.pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate([*rows, rows[0]]):
+        ids[i, : len(r) + 1] = torch.tensor([*r, eos])
+        mask[i, : len(r) + 1] = 1
+    mask[2, 0] = 0  # a masked-off id is not part of the text
+    want = ["12", "123", "3", "9" * (TEXT_CACHE_TOKENS + 3), "12"]
+    assert text.decode_completions(ids, mask) == want
+    assert text.decode_completions(ids, mask) == want  # now from the cache
+    assert tuple(rows[3]) not in text._texts  # too long to keep
+    mask[2, 0] = 1
+    assert text.decode_completions(ids, mask)[2] == "13"  # other ids, another text

@@ -27,6 +27,8 @@ from heterorl.tokenizer import build_char_tokenizer
 
 T = TypeVar("T")
 PROMPT_CACHE = 65_536  # prompts whose ids a TextFormat keeps (a few hundred bytes each)
+TEXT_CACHE = 8_192  # completions a TextFormat keeps decoded, each of at most TEXT_CACHE_TOKENS ids (~1 KB each)
+TEXT_CACHE_TOKENS = 32
 transformers_logging.disable_progress_bar()  # our own progress bars speak for long work
 
 
@@ -155,6 +157,8 @@ class TextFormat:
         self.eos_id: int = tokenizer.eos_token_id
         self._ids: OrderedDict[str, list[int]] = OrderedDict()  # prompt -> its ids, most recently used last
         self._ids_lock = threading.Lock()  # a live learner's intake asks from its service threads
+        self._texts: OrderedDict[tuple[int, ...], str] = OrderedDict()  # short completion ids -> text
+        self._texts_lock = threading.Lock()
 
     def encode_prompts(
         self, prompts: list[str], device: torch.device | str = "cpu"
@@ -202,12 +206,30 @@ class TextFormat:
         return [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.eos_id]
 
     def decode_completions(self, completion_ids_NL: torch.Tensor, completion_mask_NL: torch.Tensor) -> list[str]:
-        """Completion texts, without end-of-sequence and padding."""
-        texts = []
-        for ids, m in zip(completion_ids_NL.tolist(), completion_mask_NL.tolist(), strict=True):
-            kept = [t for t, keep in zip(ids, m, strict=True) if keep and t != self.eos_id]
-            texts.append(self.tokenizer.decode(kept, skip_special_tokens=True))
-        return texts
+        """Completion texts, without end-of-sequence and padding.
+
+        Decoding is deterministic and its call costs far more than a short completion's ids: the texts of the last
+        `TEXT_CACHE` completions of at most `TEXT_CACHE_TOKENS` ids are kept by those exact ids (short answers
+        recur within a group and across groups; the sampler scores each group and the learner's reward recheck
+        decodes it again). Longer ones rarely repeat and are decoded each time."""
+        rows = [
+            tuple(t for t, keep in zip(ids, m, strict=True) if keep and t != self.eos_id)
+            for ids, m in zip(completion_ids_NL.tolist(), completion_mask_NL.tolist(), strict=True)
+        ]
+        with self._texts_lock:
+            known = [self._texts.get(row) for row in rows]
+        decoded: dict[tuple[int, ...], str] = {}
+        for row, text in zip(rows, known, strict=True):
+            if text is None and row not in decoded:
+                decoded[row] = self.tokenizer.decode(list(row), skip_special_tokens=True)
+        if decoded:
+            with self._texts_lock:
+                for row, text in decoded.items():
+                    if len(row) <= TEXT_CACHE_TOKENS:
+                        self._texts[row] = text
+                while len(self._texts) > TEXT_CACHE:
+                    self._texts.popitem(last=False)
+        return [decoded[row] if text is None else text for row, text in zip(rows, known, strict=True)]
 
 
 class Policy:
