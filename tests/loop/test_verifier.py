@@ -152,3 +152,22 @@ def test_selection_is_keyed_by_content_and_near_the_fraction(setup) -> None:
     for g in renamed:
         g.group_id += "@another-boot"  # a live sampler's ids carry its boot id: the choice does not depend on it
     assert [v.selected(g) for g in renamed] == chosen
+
+
+def test_the_screens_shared_rows_give_the_same_content_choice_noise_and_fingerprint(setup) -> None:
+    """The screen computes a group's id rows once and hands them to the fingerprint, `content`, `selected` and the
+    re-score: each must be what it computes on its own (a stale or other group's rows would pick, seed or
+    fingerprint another group)."""
+    from heterorl.loop.screen import fingerprint
+
+    v = verifier(setup, fraction=0.5)
+    groups = setup[2]
+    for group in groups[:6]:
+        rows = group.row_bytes(group.completion_ids_GL)
+        tokens = content(group, rows)
+        assert tokens == content(group)
+        assert fingerprint(group, rows) == fingerprint(group)
+        assert v.selected(group, tokens) == v.selected(group)
+        for got, want in zip(v.rescore(group, tokens), v.rescore(group), strict=True):
+            assert torch.equal(got, want)
+    assert content(groups[0]) != content(groups[1])

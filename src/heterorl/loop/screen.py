@@ -32,7 +32,7 @@ from collections.abc import Iterable
 
 from heterorl.config import RunConfig
 from heterorl.loop.reputation import CHARGED, Reputation
-from heterorl.loop.verifier import RolloutVerifier, Tolerances, WeightsAt
+from heterorl.loop.verifier import RolloutVerifier, Tolerances, WeightsAt, content
 from heterorl.policy import SamplingParams
 from heterorl.rollout import RolloutGroup
 from heterorl.tasks import Task
@@ -77,10 +77,10 @@ def tolerances_for(cfg: RunConfig) -> Tolerances:
     )
 
 
-def fingerprint(group: RolloutGroup) -> bytes | None:
+def fingerprint(group: RolloutGroup, id_rows: list[bytes] | None = None) -> bytes | None:
     """The group's content (prompt, completions and their log-prob bits, in any row order); None when all
-    completions are equal."""
-    ids = group.row_bytes(group.completion_ids_GL)
+    completions are equal. `id_rows`: the group's `row_bytes(completion_ids_GL)` when the caller has them."""
+    ids = group.row_bytes(group.completion_ids_GL) if id_rows is None else id_rows
     if len(set(ids)) < 2:
         return None
     logp = group.row_bytes(group.behavior_logp_GL.float())
@@ -147,8 +147,10 @@ class TrustScreen:
                 return verdict.reason, verdict.detail
             if verdict.rewards_G is not None:
                 group.rewards_G = verdict.rewards_G  # train on the learner's own
+        # each completion's ids, hashed by the fingerprint and by the verifier's choice: computed once
+        id_rows = group.row_bytes(group.completion_ids_GL)
         if self.cfg.replay_window:
-            print_ = fingerprint(group)
+            print_ = fingerprint(group, id_rows)
             first = None if print_ is None else self._seen.get(print_)
             if first is not None and first[0] != group.group_id:
                 reason = "replayed" if first[1] == sampler else "same_content"
@@ -157,8 +159,9 @@ class TrustScreen:
                 self._seen[print_] = (group.group_id, sampler)
                 while len(self._seen) > self.cfg.replay_window:
                     self._seen.popitem(last=False)
-        if self.verifier is not None and self.verifier.selected(group):
-            result = self.verifier.check(group)
+        tokens = None if self.verifier is None else content(group, id_rows)
+        if self.verifier is not None and self.verifier.selected(group, tokens):
+            result = self.verifier.check(group, tokens)
             if result.reason != "unverifiable":
                 self.reputation.verified(sampler, result.ok, result.pit_sum, result.tokens)
             if not result.ok and result.reason != "unverifiable":

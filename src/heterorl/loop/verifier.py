@@ -75,9 +75,10 @@ class Check:
         return not self.reason
 
 
-def content(group: RolloutGroup) -> bytes:
-    """The group's tokens: prompt ids, then each completion's ids (length-prefixed)."""
-    rows = group.row_bytes(group.completion_ids_GL)
+def content(group: RolloutGroup, id_rows: list[bytes] | None = None) -> bytes:
+    """The group's tokens: prompt ids, then each completion's ids (length-prefixed). `id_rows`: the group's
+    `row_bytes(completion_ids_GL)` when the caller has them (the screen hashes the same rows for its fingerprint)."""
+    rows = group.row_bytes(group.completion_ids_GL) if id_rows is None else id_rows
     return b"".join([group.prompt_ids_P.numpy().tobytes(), *(len(row).to_bytes(8, "little") + row for row in rows)])
 
 
@@ -127,9 +128,11 @@ class RolloutVerifier:
         self.max_logits = max_logits  # logits elements of one forward chunk (memory bound)
         self.checked = self.failed = self.unverifiable = 0
 
-    def selected(self, group: RolloutGroup) -> bool:
-        """Whether this group is checked: keyed, so a sampler cannot predict it."""
-        return uniform_key(self.key, content(group), b"select") < self.fraction * 2.0**64
+    def selected(self, group: RolloutGroup, tokens: bytes | None = None) -> bool:
+        """Whether this group is checked: keyed, so a sampler cannot predict it. `tokens`: its `content` when the
+        caller has it (it is the same bytes that seed the check's noise)."""
+        tokens = content(group) if tokens is None else tokens
+        return uniform_key(self.key, tokens, b"select") < self.fraction * 2.0**64
 
     # ---------------------------------------------------------------- weights
     def _load(self, version: int) -> None:
@@ -150,15 +153,17 @@ class RolloutVerifier:
 
     # ---------------------------------------------------------------- the check
     @torch.no_grad()
-    def rescore(self, group: RolloutGroup) -> tuple[torch.Tensor, torch.Tensor]:
+    def rescore(self, group: RolloutGroup, tokens: bytes | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(recomputed log-probs [G, L], u [G, L]) of the group's tokens under their claimed versions (0 off the
         mask): one forward pass per claimed version over prompt + completions, in chunks of rows whose logits stay
-        under `max_logits` elements. Raises LookupError / PatchError when a version cannot be rebuilt."""
+        under `max_logits` elements (`tokens`: the group's `content`, when known). Raises LookupError / PatchError
+        when a version cannot be rebuilt."""
         mask_GL = group.completion_mask_GL.bool()
         G, L = mask_GL.shape
         logp_GL = torch.zeros((G, L), dtype=torch.float32)
         u_GL = torch.zeros_like(logp_GL)
-        gen = torch.Generator().manual_seed(uniform_key(self.key, content(group), b"pit") & (2**63 - 1))
+        tokens = content(group) if tokens is None else tokens
+        gen = torch.Generator().manual_seed(uniform_key(self.key, tokens, b"pit") & (2**63 - 1))
         noise_GL = torch.rand((G, L), generator=gen)
         device, P = self.policy.device, group.prompt_ids_P.shape[0]
         vocab = int(self.policy.model.config.vocab_size)
@@ -180,10 +185,10 @@ class RolloutVerifier:
                 u_GL[part] = torch.where(take_NL, u_NL, u_GL[part].to(device)).float().cpu()
         return logp_GL, u_GL
 
-    def check(self, group: RolloutGroup) -> Check:
-        """Re-score `group` and judge it against the tolerances."""
+    def check(self, group: RolloutGroup, tokens: bytes | None = None) -> Check:
+        """Re-score `group` and judge it against the tolerances (`tokens`: its `content`, when known)."""
         try:
-            logp_GL, u_GL = self.rescore(group)
+            logp_GL, u_GL = self.rescore(group, tokens)
         except (LookupError, PatchError) as err:
             self.unverifiable += 1
             return Check("unverifiable", 0, 0.0, 0.0, 0.0, 0.0, 0.0, str(err)[:200])
