@@ -189,3 +189,37 @@ def test_decode_completions_is_the_tokenizers_decode_cached_by_exact_ids() -> No
     assert tuple(rows[3]) not in text._texts  # too long to keep
     mask[2, 0] = 1
     assert text.decode_completions(ids, mask)[2] == "13"  # other ids, another text
+
+
+def test_generation_under_inference_mode_is_the_no_grad_one_bit_for_bit(policy: Policy, monkeypatch) -> None:
+    """The decode loop's forwards run under inference mode: the same floats as under no_grad (the reference, with
+    inference mode swapped for no_grad), repeated prompts and a weight swap mid-generation included, and tensors
+    callers may edit in place (adversaries and frictions do)."""
+    ids, mask = policy.encode_prompts(PROMPTS)
+    params = SamplingParams(temperature=1.1, top_k=12, max_new_tokens=8)
+    weights = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+
+    def run():
+        version = [0]
+        process = policy.iter_generate(ids, mask, params, torch.Generator().manual_seed(5), lambda: version[0], 3)
+        next(process)
+        next(process)
+        with torch.no_grad():  # a swap to other weights between steps: the cache is rebuilt under them
+            for p in policy.model.parameters():
+                p.mul_(1.01)
+        version[0] = 1
+        try:
+            return run_process(process)
+        finally:
+            with torch.no_grad():
+                for n, p in policy.model.named_parameters():
+                    p.copy_(weights[n])
+
+    got = run()
+    monkeypatch.setattr(torch, "inference_mode", torch.no_grad)
+    want = run()
+    for name in ("completion_ids_NL", "completion_mask_NL", "logp_NL", "version_NL"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+        assert not getattr(got, name).is_inference(), name
+    assert got.version_NL.max() == 1
+    got.logp_NL[0, 0] = 0.0  # editable in place outside inference mode

@@ -171,3 +171,15 @@ def test_the_screens_shared_rows_give_the_same_content_choice_noise_and_fingerpr
         for got, want in zip(v.rescore(group, tokens), v.rescore(group), strict=True):
             assert torch.equal(got, want)
     assert content(groups[0]) != content(groups[1])
+
+
+def test_the_re_score_under_inference_mode_is_the_no_grad_one(setup, monkeypatch) -> None:
+    """The verifier's forward runs under inference mode: the same log-probs and u as under no_grad, returned as
+    ordinary tensors."""
+    v = verifier(setup)
+    group = setup[2][0]
+    got = v.rescore(group)
+    monkeypatch.setattr(torch, "inference_mode", torch.no_grad)
+    for a, b in zip(got, v.rescore(group), strict=True):
+        assert torch.equal(a, b)
+        assert not a.is_inference()

@@ -176,7 +176,8 @@ class RolloutVerifier:
                 mask_NL = mask_GL[part].to(device)
                 input_ids = torch.cat([group.prompt_ids_P.to(device).expand(len(part), P), ids_NL], dim=1)
                 attention = torch.cat([torch.ones(len(part), P, dtype=torch.long, device=device), mask_NL.long()], 1)
-                logits, _ = self.policy._logits(input_ids, attention)
+                with torch.inference_mode():  # the same kernels as no_grad, less autograd bookkeeping per op
+                    logits, _ = self.policy._logits(input_ids, attention)
                 logp_NLV = filter_logits(logits[:, P - 1 : P + L - 1], self.params)  # position t predicts t + 1
                 chosen_NL = logp_NLV.gather(-1, ids_NL[..., None]).squeeze(-1)
                 u_NL = pit(logp_NLV, ids_NL, noise_GL[part].to(device))
