@@ -8,7 +8,7 @@ Layout (little-endian):
 
 The completion mask is not sent: it is the prefix of `lengths[i]` tokens of each row (what a sampler produces).
 `decode_group` checks the framing (magic, lengths, JSON, declared shapes against the byte count), then the content
-with `validate_group`: token ids inside the vocabulary, lengths within limits, log-probs on sampled tokens in
+with `validate_arrays`: token ids inside the vocabulary, lengths within limits, log-probs on sampled tokens in
 [`min_logprob`, 0], versions not from the future, group size, rewards within [`min_reward`, `max_reward`], text
 fields of bounded length. Anything wrong raises `RolloutError` with a message saying what; a receiver counts it
 and carries on.
@@ -156,57 +156,61 @@ def decode_group(data: bytes, limits: GroupLimits) -> RolloutGroup:
     lengths = arrays["lengths"].astype(np.int64)  # numpy: each torch op on arrays this small costs several times more
     if ((lengths < 1) | (lengths > L)).any():
         raise RolloutError(f"completion lengths must be in [1, {L}]")
-    mask = torch.from_numpy((np.arange(L)[None, :] < lengths[:, None]).astype(np.int64))
-    group = RolloutGroup(
+    mask = np.arange(L)[None, :] < lengths[:, None]
+    prompt_ids, completion_ids = arrays["prompt_ids"].astype(np.int64), arrays["completion_ids"].astype(np.int64)
+    logp, version = arrays["behavior_logp"].astype(np.float32), arrays["version"].astype(np.int64)
+    rewards = arrays["rewards"].astype(np.float32)
+    validate_arrays(prompt_ids, completion_ids, mask, logp, version, rewards, limits)  # before any tensor exists
+    return RolloutGroup(
         group_id=header["group_id"],
         sampler_id=header["sampler_id"],
         prompt=header["prompt"],
         answer=header["answer"],
-        prompt_ids_P=torch.from_numpy(arrays["prompt_ids"].astype(np.int64)),
-        completion_ids_GL=torch.from_numpy(arrays["completion_ids"].astype(np.int64)),
-        completion_mask_GL=mask,
-        behavior_logp_GL=torch.from_numpy(arrays["behavior_logp"].astype(np.float32)),
-        version_GL=torch.from_numpy(arrays["version"].astype(np.int64)),
-        rewards_G=torch.from_numpy(arrays["rewards"].astype(np.float32)),
+        prompt_ids_P=torch.from_numpy(prompt_ids),
+        completion_ids_GL=torch.from_numpy(completion_ids),
+        completion_mask_GL=torch.from_numpy(mask.astype(np.int64)),
+        behavior_logp_GL=torch.from_numpy(logp),
+        version_GL=torch.from_numpy(version),
+        rewards_G=torch.from_numpy(rewards),
         created_at=float(header.get("created_at", 0.0)),
         finished_at=float(header.get("finished_at", 0.0)),
         info=dict(header.get("info", {})),
     )
-    validate_group(group, limits)
-    return group
 
 
-def validate_group(group: RolloutGroup, limits: GroupLimits) -> None:
-    """Check a group's content against what the learner accepts; raises RolloutError naming the problem. The
-    checks run on numpy views of the tensors (a torch op on arrays this small costs several times a numpy one)."""
-    G = group.completion_ids_GL.shape[0]
-    if G < 1 or group.rewards_G.shape != (G,):
-        raise RolloutError(f"group has {G} completions and {tuple(group.rewards_G.shape)} rewards", "invalid")
+def validate_arrays(
+    prompt_ids_P: np.ndarray,
+    completion_ids_GL: np.ndarray,
+    mask_GL: np.ndarray,
+    logp_GL: np.ndarray,
+    version_GL: np.ndarray,
+    rewards_G: np.ndarray,
+    limits: GroupLimits,
+) -> None:
+    """Check a group's content (its arrays as `decode_group` read them: `mask_GL` boolean, `logp_GL` and
+    `rewards_G` float32) against what the learner accepts; raises RolloutError naming the problem. In numpy, before
+    any tensor exists: a torch op on arrays this small costs several times a numpy one."""
+    G = completion_ids_GL.shape[0]
+    if G < 1 or rewards_G.shape != (G,):
+        raise RolloutError(f"group has {G} completions and {tuple(rewards_G.shape)} rewards", "invalid")
     if limits.group_size is not None and limits.group_size != G:
         raise RolloutError(f"group size {G}, the learner expects {limits.group_size}", "group_size")
-    if group.prompt_ids_P.numel() < 1:
+    if prompt_ids_P.size < 1:
         raise RolloutError("empty prompt", "invalid")
-    for name, tensor in (("prompt", group.prompt_ids_P), ("completion", group.completion_ids_GL)):
-        ids = _host(tensor)
+    for name, ids in (("prompt", prompt_ids_P), ("completion", completion_ids_GL)):
         if ids.size and (ids.min() < 0 or ids.max() >= limits.vocab_size):
             raise RolloutError(f"{name} token id outside the vocabulary [0, {limits.vocab_size})", "out_of_vocab")
-    mask = _host(group.completion_mask_GL) != 0
-    logp = _host(group.behavior_logp_GL.float())[mask]
+    logp = logp_GL[mask_GL]
     if not ((logp >= limits.min_logprob) & (logp <= 0)).all():  # NaN fails both comparisons
         raise RolloutError(
             f"behaviour log-probs must be in [{limits.min_logprob:g}, 0] on sampled tokens (what a sampler can emit)",
             "bad_logprobs",
         )
-    versions = _host(group.version_GL)[mask]
+    versions = version_GL[mask_GL]
     if versions.size and (versions.min() < 0 or versions.max() > limits.current_version):
         low, high = int(versions.min()), int(versions.max())
         raise RolloutError(
             f"token versions in [{low}, {high}] are not in [0, {limits.current_version}]", "future_version"
         )
-    rewards = _host(group.rewards_G.float())
-    if not ((rewards >= limits.min_reward) & (rewards <= limits.max_reward)).all():
+    if not ((rewards_G >= limits.min_reward) & (rewards_G <= limits.max_reward)).all():
         raise RolloutError(f"rewards must be in [{limits.min_reward:g}, {limits.max_reward:g}]", "bad_rewards")
-
-
-def _host(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy()
