@@ -156,3 +156,48 @@ def test_row_bytes_are_each_masked_row_as_torch_indexes_it(seed):
     sent = make_group(G=5, L=7, seed=seed)  # the wire carries prefix masks only
     again = decode_group(encode_group(sent), LIMITS)
     assert again.row_bytes(again.completion_ids_GL) == sent.row_bytes(sent.completion_ids_GL)
+
+
+def _pack_reference(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
+    """pack_groups as torch ops (what it computed before it filled numpy arrays)."""
+    P = max(g.prompt_ids_P.shape[0] for g in groups)
+    L = max(g.completion_ids_GL.shape[1] for g in groups)
+    pad = torch.nn.functional.pad
+    out: dict[str, list[torch.Tensor]] = {k: [] for k in ("prompt", "pmask", "comp", "cmask", "logp", "version")}
+    for g in groups:
+        G, n, pad_l = g.size, g.prompt_ids_P.shape[0], L - g.completion_ids_GL.shape[1]
+        out["prompt"].append(pad(g.prompt_ids_P, (P - n, 0), value=pad_id).expand(G, P))
+        out["pmask"].append(torch.cat([torch.zeros(P - n, dtype=torch.long), torch.ones(n, dtype=torch.long)]))
+        out["pmask"][-1] = out["pmask"][-1].expand(G, P)
+        out["comp"].append(pad(g.completion_ids_GL, (0, pad_l), value=pad_id))
+        out["cmask"].append(pad(g.completion_mask_GL, (0, pad_l), value=0))
+        out["logp"].append(pad(g.behavior_logp_GL, (0, pad_l), value=0.0))
+        out["version"].append(pad(g.version_GL, (0, pad_l), value=int(g.version_GL.max())))
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+@settings(max_examples=40, deadline=None)
+@given(shapes=st.lists(st.tuples(st.integers(1, 5), st.integers(1, 7), st.integers(1, 6)), min_size=1, max_size=5))
+def test_pack_groups_is_the_torch_padding_of_every_group(shapes) -> None:
+    """Prompts left-padded, completions right-padded, each row's versions padded with its group's newest, in the
+    groups' dtypes, rows in group order."""
+    from heterorl.rollout import pack_groups
+
+    groups = [make_group(G, L, P, version=3 + i, seed=i) for i, (G, L, P) in enumerate(shapes)]
+    for i, g in enumerate(groups):
+        g.version_GL = g.version_GL + (torch.arange(g.version_GL.shape[1]) % 2) * i  # versions that vary in a row
+    batch = pack_groups(groups, pad_id=2)
+    want = _pack_reference(groups, pad_id=2)
+    got = {
+        "prompt": batch.prompt_ids_BP,
+        "pmask": batch.prompt_mask_BP,
+        "comp": batch.completion_ids_BL,
+        "cmask": batch.completion_mask_BL,
+        "logp": batch.behavior_logp_BL,
+        "version": batch.version_BL,
+    }
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype, name
+        assert torch.equal(got[name], tensor), name
+    assert torch.equal(batch.rewards_B, torch.cat([g.rewards_G for g in groups]))
+    assert batch.group_index_B.tolist() == [i for i, g in enumerate(groups) for _ in range(g.size)]
