@@ -212,3 +212,25 @@ def test_capped_and_new_objectives_train(tiny_model_dir: Path, overrides: list[s
     assert any(not torch.equal(p, before[k]) for k, p in learner.policy.model.named_parameters())
     if "objective.name=cispo" not in overrides:
         assert "obj/cap_frac" in stats  # the proximal forward pass ran
+
+
+def test_the_multi_tensor_adamw_gives_the_per_tensor_floats(tiny_model_dir: Path) -> None:
+    """The learner's AdamW runs foreach (no Python loop over parameters): its steps, weight decay and LR schedule
+    included, are the default per-tensor AdamW's bit for bit."""
+    overrides = ("learner.weight_decay=0.1", "learner.lr=1e-3", "learner.warmup_steps=2")
+    _, learner, sampler = _setup(tiny_model_dir, *overrides)
+    assert learner.optimizer.defaults["foreach"] is True
+    reference = [p.detach().clone().requires_grad_(True) for p in learner.trainable]
+    group = learner.optimizer.param_groups[0]
+    per_tensor = torch.optim.AdamW(
+        reference, lr=group["lr"], betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"]
+    )
+    assert per_tensor.defaults["foreach"] is None  # the default: per tensor on CPU
+    for _ in range(3):
+        per_tensor.param_groups[0]["lr"] = learner.optimizer.param_groups[0]["lr"]  # the schedule's for this step
+        learner.train_step(_groups_with_signal(sampler, 2))
+        for p, q in zip(learner.trainable, reference, strict=True):
+            q.grad = p.grad.clone()
+        per_tensor.step()
+        for p, q in zip(learner.trainable, reference, strict=True):
+            assert torch.equal(p.detach(), q.detach())
