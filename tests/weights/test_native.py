@@ -321,6 +321,36 @@ def test_staged_runs_from_an_offset_equal_the_reference(pair, n_runs, offset, se
     assert digests[0] == digests[1] == scan_numpy(new, new, True, False)[2]
 
 
+@pytest.mark.parametrize("wide", WIDTHS)
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(2, 9), st.integers(1, 40_000), st.sampled_from([0.001, 0.05, 0.5]))
+def test_several_runs_of_a_16_bit_tensor_apply_as_the_reference(wide, seed, n_runs, n, rate):
+    """bf16-sized tensors over several of the AVX-512 path's scratch steps, changes split into runs as v2's classes
+    split them; a position given in two runs gets both differences in both paths (the sum, which revert undoes)."""
+    _skip_unless_wide(wide)
+    rng = np.random.default_rng(seed)
+    base = rng.integers(0, 2**16, n, dtype=np.uint16)
+    pos = np.flatnonzero(rng.random(n) < rate).astype(np.int64)
+    delta = rng.integers(1, 2**16, pos.size, dtype=np.uint16)
+    which = rng.integers(0, n_runs, pos.size)
+    runs = [(pos[which == r] + 7, delta[which == r]) for r in range(n_runs)]
+    if pos.size:  # the first change given again in another run
+        runs.append((pos[:1] + 7, np.array([12345], np.uint16)))
+    want = base.copy()
+    for p, d in runs:
+        np.add.at(want, p - 7, d)
+    digests = []
+    for flag in (False, True):
+        with native.use(flag), native.wide(wide):
+            view = base.copy()
+            tc = stage(view, runs, 7)
+            digests.append(apply_changes(tc))
+            assert np.array_equal(view, want)
+            revert(tc)
+            assert np.array_equal(view, base)
+    assert digests[0] == digests[1] == scan_numpy(want, want, True, False)[2]
+
+
 def test_staged_kernel_refuses_positions_outside_their_chunks_and_writes_nothing():
     view = np.arange(chunk_elements(np.zeros(1, np.uint16)) * 2, dtype=np.uint16)
     before = view.copy()

@@ -1342,6 +1342,34 @@ PyDoc_STRVAR(apply_digest_doc,
              "again and the tensor is as it was.");
 
 #define APPLY_RUNS 32
+#define SCRATCH 8192 /* 16-bit elements per step of apply_digest's AVX-512 path for several runs (16 KB, in L1) */
+
+#ifdef HAVE_WIDE
+/* view[i] += scratch[i] for i < len, the scratch zeroed again: one 32-lane add per step, stored only in the lanes
+ * whose difference is not zero (so a line without a change is not written), no branch on where the changes are. */
+__attribute__((target("avx512f,avx512bw"))) static void add_scratch16_wide(uint16_t *view, uint16_t *scratch,
+                                                                         size_t len) {
+    const __m512i zero = _mm512_setzero_si512();
+    size_t i = 0;
+    for (; i + 32 <= len; i += 32) {
+        __m512i d = _mm512_loadu_si512((const void *)(scratch + i));
+        __mmask32 m = _mm512_test_epi16_mask(d, d);
+        _mm512_mask_storeu_epi16(view + i, m, _mm512_add_epi16(_mm512_loadu_si512((const void *)(view + i)), d));
+        _mm512_storeu_si512((void *)(scratch + i), zero);
+    }
+    for (; i < len; i++) {
+        view[i] = (uint16_t)(view[i] + scratch[i]);
+        scratch[i] = 0;
+    }
+}
+#endif
+
+/* scratch[pos[t] - off] += dif[t] for t in [lo, hi): the changes of several runs gathered where they land (L1),
+ * then added to the tensor in one pass; adding, not storing, keeps apply_digest's sum if runs overlapped. */
+static void gather_changes16(uint16_t *scratch, const int64_t *pos, int64_t off, const uint16_t *dif, size_t lo,
+                             size_t hi) {
+    for (size_t t = lo; t < hi; t++) scratch[pos[t] - off] = (uint16_t)(scratch[pos[t] - off] + dif[t]);
+}
 
 static PyObject *py_apply_digest(PyObject *self, PyObject *args) {
     Py_buffer vb, pb[APPLY_RUNS], db[APPLY_RUNS];
@@ -1385,18 +1413,30 @@ static PyObject *py_apply_digest(PyObject *self, PyObject *args) {
     char *view = vb.buf;
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS;
-    for (size_t start = 0; start < n; start += (size_t)chunk) {
-        size_t end = n - start < (size_t)chunk ? n : start + (size_t)chunk;
+    /* Several runs of 16-bit elements on an AVX-512 CPU: each step's changes gathered in an L1 scratch, then added
+     * in one pass (a chunk written run after run, each across the whole chunk, took twice a single run's time). */
+    int gather = 0;
+#ifdef HAVE_WIDE
+    gather = wide && nr > 1 && itemsize == 2;
+#endif
+    uint16_t scratch[SCRATCH] = {0};
+    const size_t step = gather ? SCRATCH : (size_t)chunk;
+    for (size_t start = 0; start < n; start += step) {
+        size_t end = n - start < step ? n : start + step;
         const int64_t lo = (int64_t)start + offset, hi = (int64_t)end + offset; /* the chunk in run positions */
-        if (nr > 1) /* the runs write the chunk in turn, each in order: bring it in once, streaming */
-            for (size_t b = start * itemsize; b < end * itemsize; b += 64) __builtin_prefetch(view + b, 1, 3);
         for (Py_ssize_t r = 0; r < nr; r++) {
             const int64_t *pos = pb[r].buf;
             size_t j0 = j[r], k = j0;
             while (k < count[r] && pos[k] >= lo && pos[k] < hi) k++;
-            add_changes(view, itemsize, pos, offset, db[r].buf, j0, k, 1);
+            if (gather)
+                gather_changes16(scratch, pos, lo, db[r].buf, j0, k);
+            else
+                add_changes(view, itemsize, pos, offset, db[r].buf, j0, k, 1);
             j[r] = k;
         }
+#ifdef HAVE_WIDE
+        if (gather) add_scratch16_wide((uint16_t *)view + start, scratch, end - start);
+#endif
         HASH_UPDATE(sr, view + start * itemsize, (end - start) * itemsize);
     }
     for (Py_ssize_t r = 0; r < nr; r++) bad |= j[r] != count[r];
