@@ -458,10 +458,6 @@ def _by_tensor(
 ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
     """Segment runs split at the tensors' bounds (positions stay segment positions: staging counts them from
     each tensor's offset); the per-tensor counts checked."""
-    if len(parts) == 1:  # one tensor: the runs are its own
-        if sum(int(pos.size) for pos, _ in runs) != counts[0]:
-            raise PatchError(f"{what}: changes per tensor differ from the tensor list")
-        return [runs]
     offsets = np.cumsum([0] + [p.size for p in parts])
     out: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in parts]
     got = [0] * len(parts)
@@ -553,4 +549,4 @@ def _decode_native(
         ranks_C = [ranks for ranks, _ in runs[:-1]]
         positions_C = _positions_native(parts, mask, code.bounds, members_C, ranks_C, runs[-1][0], what, workers)
         runs = [(pos, delta) for pos, (_, delta) in zip(positions_C, runs[:-1], strict=True)] + runs[-1:]
-    return _by_tensor([r for r in runs if r[0].size], parts, counts, what)
+    return _by_tensor(runs, parts, counts, what)

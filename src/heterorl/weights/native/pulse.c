@@ -1337,9 +1337,8 @@ PyDoc_STRVAR(apply_digest_doc,
              "apply_digest(view, itemsize, positions, differences, chunk, offset) -> result digest\n\nOne chunked "
              "pass over a tensor's bits, in place: each chunk's changed elements set to base + difference, then the "
              "chunk hashed while it is in cache. positions / differences: lists of runs (at most 32), positions "
-             "counted from `offset` (the tensor's first element), each run's "
-             "grouped by chunk in chunk order (runs disjoint); when a run's are not, what was written is subtracted "
-             "again and the tensor is as it was.");
+             "counted from `offset` (the tensor's first element), each run's increasing (runs disjoint); when a "
+             "run's are not in chunk order, what was written is subtracted again and the tensor is as it was.");
 
 #define APPLY_RUNS 32
 #define SCRATCH 8192 /* 16-bit elements per step of apply_digest's AVX-512 path for several runs (16 KB, in L1) */
@@ -1419,7 +1418,8 @@ static PyObject *py_apply_digest(PyObject *self, PyObject *args) {
 #ifdef HAVE_WIDE
     gather = wide && nr > 1 && itemsize == 2;
 #endif
-    uint16_t scratch[SCRATCH] = {0};
+    uint16_t scratch[SCRATCH]; /* zeroed only where used: a single run (every v1 tensor) never touches it */
+    if (gather) memset(scratch, 0, sizeof scratch);
     const size_t step = gather ? SCRATCH : (size_t)chunk;
     for (size_t start = 0; start < n; start += step) {
         size_t end = n - start < step ? n : start + step;
@@ -1866,7 +1866,7 @@ done:
 /* class_split's pass over one part of the segment (n elements from segment position off): its changes, from
  * pos[*jp] on, into their classes' Vecs (ranks, or flat positions for the top class, with codes); PASS_BAD for
  * positions out of order, PASS_NOMEM when a Vec cannot grow. A change's class comes from its magnitude (a table
- * for 16-bit elements), its rank from the class counts and the chunk's masks. cnt: MAX_CLASSES counts, carried
+ * where the bounds allow one), its rank from the class counts and the chunk's masks. cnt: MAX_CLASSES counts, carried
  * from part to part: class c's member count at the end. */
 #define SPLIT_ARGS                                                                                                 \
     const Classes *cl, const uint8_t *lut, int lut_shift, const void *base, size_t n, size_t off,                 \
@@ -1887,7 +1887,8 @@ static AI int split_pass(SPLIT_ARGS, int use_wide) {
             cp[c] = outc[c].data + outc[c].len * itemsize;
         }
         block_counts(cl, base, start, len, masks, cnt, prefix, use_wide);
-        int status = split_changes(cl, lut, lut_shift, base, start, masks, prefix, pos, (int64_t)off, code, &j, jend, rp, cp);
+        int status =
+            split_changes(cl, lut, lut_shift, base, start, masks, prefix, pos, (int64_t)off, code, &j, jend, rp, cp);
         for (int c = 0; c <= nb; c++) {
             outp[c].len = (size_t)(rp[c] - (int64_t *)outp[c].data);
             outc[c].len = outp[c].len;
