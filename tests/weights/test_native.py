@@ -60,12 +60,12 @@ def bit_arrays(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     return base, new
 
 
-WIDTHS = [pytest.param(True, id="avx512"), pytest.param(False, id="baseline")]
+LEVELS = [pytest.param(name, id=name) for name in native.LEVELS]
 
 
-def _skip_unless_wide(wide: bool) -> None:
-    if wide and not native.WIDE:
-        pytest.skip("this CPU has no AVX-512 BW + VBMI2: the kernels run their baseline loops only")
+def _skip_unless_runs(level: str) -> None:
+    if native.LEVELS.index(level) > native.LEVELS.index(native.LEVEL):
+        pytest.skip(f"this CPU runs the kernels' loops up to {native.LEVEL}, not {level}")
 
 
 def _scan_matches(base: np.ndarray, new: np.ndarray, hash_base: bool, hash_new: bool) -> None:
@@ -78,27 +78,27 @@ def _scan_matches(base: np.ndarray, new: np.ndarray, hash_base: bool, hash_new: 
     assert got[2:] == want[2:]
 
 
-@pytest.mark.parametrize("wide", WIDTHS)
+@pytest.mark.parametrize("level", LEVELS)
 @settings(max_examples=150, deadline=None)
 @given(pair=bit_arrays(), hash_base=st.booleans(), hash_new=st.booleans())
-def test_scan_equals_the_reference(wide, pair, hash_base, hash_new):
-    _skip_unless_wide(wide)
-    with native.wide(wide):
+def test_scan_equals_the_reference(level, pair, hash_base, hash_new):
+    _skip_unless_runs(level)
+    with native.level(level):
         _scan_matches(*pair, hash_base, hash_new)
 
 
-@pytest.mark.parametrize("wide", WIDTHS)
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("rate", [0.0005, 0.04, 0.3, 1.0])
-def test_scan_of_a_large_tensor_equals_the_reference(wide, rate):
+def test_scan_of_a_large_tensor_equals_the_reference(level, rate):
     """Past the kernel's chunk (256 KiB) and its groups of blocks, 16-bit elements at every density: the AVX-512
     loop stores a block's differing lanes whole and keeps room for them, which small arrays never stress."""
-    _skip_unless_wide(wide)
+    _skip_unless_runs(level)
     rng = np.random.default_rng(int(rate * 1e4))
     base = rng.integers(0, 2**16, 300_007, dtype=np.uint16)
     new = base.copy()
     moved = rng.random(base.size) < rate
     new[moved] += rng.integers(1, 2**16, int(moved.sum()), dtype=np.uint16)
-    with native.wide(wide):
+    with native.level(level):
         _scan_matches(base, new, True, True)
 
 
@@ -321,13 +321,13 @@ def test_staged_runs_from_an_offset_equal_the_reference(pair, n_runs, offset, se
     assert digests[0] == digests[1] == scan_numpy(new, new, True, False)[2]
 
 
-@pytest.mark.parametrize("wide", WIDTHS)
+@pytest.mark.parametrize("level", LEVELS)
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(2, 9), st.integers(1, 40_000), st.sampled_from([0.001, 0.05, 0.5]))
-def test_several_runs_of_a_16_bit_tensor_apply_as_the_reference(wide, seed, n_runs, n, rate):
+def test_several_runs_of_a_16_bit_tensor_apply_as_the_reference(level, seed, n_runs, n, rate):
     """bf16-sized tensors over several of the AVX-512 path's scratch steps, changes split into runs as v2's classes
     split them; a position given in two runs gets both differences in both paths (the sum, which revert undoes)."""
-    _skip_unless_wide(wide)
+    _skip_unless_runs(level)
     rng = np.random.default_rng(seed)
     base = rng.integers(0, 2**16, n, dtype=np.uint16)
     pos = np.flatnonzero(rng.random(n) < rate).astype(np.int64)
@@ -341,7 +341,7 @@ def test_several_runs_of_a_16_bit_tensor_apply_as_the_reference(wide, seed, n_ru
         np.add.at(want, p - 7, d)
     digests = []
     for flag in (False, True):
-        with native.use(flag), native.wide(wide):
+        with native.use(flag), native.level(level):
             view = base.copy()
             tc = stage(view, runs, 7)
             digests.append(apply_changes(tc))
@@ -366,15 +366,15 @@ def test_staged_kernel_refuses_positions_outside_their_chunks_and_writes_nothing
     assert np.array_equal(view, before)
 
 
-@pytest.mark.parametrize("wide", WIDTHS)
+@pytest.mark.parametrize("level", LEVELS)
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([2, 4]), st.integers(1, 15), st.sampled_from([0.0, 0.02, 0.5, 1.0]))
-def test_class_passes_equal_the_reference(wide, seed, itemsize, n_bounds, rate):
+def test_class_passes_equal_the_reference(level, seed, itemsize, n_bounds, rate):
     """class_split gives each class's members and changed ranks as `classes.members` does; class_positions turns
     the ranks into positions and checks member counts, ranks and top-class positions. Up to 15 bounds (the AVX-512
     loops count classes 8 to a vector) and segments of a few blocks of 4,096 elements."""
-    _skip_unless_wide(wide)
-    with native.wide(wide):
+    _skip_unless_runs(level)
+    with native.level(level):
         _class_passes_match(seed, itemsize, n_bounds, rate)
 
 
@@ -513,15 +513,15 @@ def test_patch_bytes_are_identical_with_classes(pair):
     assert bits_equal(weights, new)
 
 
-@pytest.mark.parametrize("wide", WIDTHS)
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("step", ["noise", "synthetic"])
-def test_both_loops_decode_an_optimizer_step(wide, step):
+def test_both_loops_decode_an_optimizer_step(level, step):
     """A v2 round trip of a 400K-parameter step with the AVX-512 loops and with the baseline, bytes equal to the
     numpy reference's: bf16 segments of hundreds of thousands of elements (many blocks of the class passes) and
     the class counts of a real step."""
-    _skip_unless_wide(wide)
+    _skip_unless_runs(level)
     base, new = step_pair(step, 400_000, 1e-5)
-    with native.wide(wide):
+    with native.level(level):
         patch = encode_patch(base, new, context=True, workers=1)
         weights = clone(base)
         apply_patch(weights, patch, workers=1)
@@ -607,20 +607,20 @@ def test_the_size_estimate_tracks_the_coded_patch(lr, rate):
     assert 0.75 < out.estimated_nbytes / len(out.v1) < 1.25, (out.estimated_nbytes, len(out.v1))
 
 
-@pytest.mark.parametrize("wide", WIDTHS)
-def test_class_passes_in_ranges_equal_one_pass_and_refuse_alike(wide):
+@pytest.mark.parametrize("level", LEVELS)
+def test_class_passes_in_ranges_equal_one_pass_and_refuse_alike(level):
     """A tensor above PARALLEL_MIN is split and merged in position ranges by threads (ctxcode): the same classes
     and changes as one pass, and a member count, rank or top-class position that is off is refused."""
     from heterorl.weights.classes import PARALLEL_MIN
 
-    _skip_unless_wide(wide)
+    _skip_unless_runs(level)
     rng = np.random.default_rng(5)
     n = PARALLEL_MIN + 4099
     base = (rng.normal(0, 0.02, n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     pos = np.flatnonzero(rng.random(n) < 0.03).astype(np.int64)
     codes = rng.integers(0, 5, pos.size).astype(np.uint16)
     bounds = [(127 - e) << 7 for e in (14, 12, 10, 9)]
-    with native.wide(wide):
+    with native.level(level):
         one = native.class_split([base], 0x7FFF, bounds, pos, codes)
         for workers in (2, 3):
             got = ctxcode._split_native([base], 0x7FFF, bounds, pos, codes, workers)

@@ -31,7 +31,8 @@ except ImportError:  # not built (no C compiler at install): the numpy reference
 
 _EMPTY = xxhash.xxh3_128().digest()  # what the reference returns for a digest it was not asked for
 BUILT = _pulse is not None
-WIDE = BUILT and bool(_pulse.set_wide(True))  # the CPU runs the AVX-512 loops (BW + VBMI2), which are used
+LEVELS = ("baseline", "avx2", "avx512")  # the kernels' loops: x86-64 (SSE2), AVX2 (+ BMI2, POPCNT), AVX-512 BW + VBMI2
+LEVEL = LEVELS[_pulse.set_level(len(LEVELS) - 1)] if BUILT else "baseline"  # the highest this CPU runs, used
 _enabled = BUILT and os.environ.get("HETERORL_NATIVE", "1") != "0"
 
 
@@ -53,17 +54,17 @@ def use(flag: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def wide(flag: bool) -> Iterator[None]:
-    """Within the block, the kernels that have an AVX-512 loop use it (True, where the CPU has it) or their
-    baseline loop (False): tests compare both with the reference. Not per thread."""
+def level(name: str) -> Iterator[None]:
+    """Within the block, the kernels run the loops of instruction-set level `name` (one of LEVELS, at most LEVEL:
+    tests compare each loop the CPU can run with the reference). Not per thread."""
     if not BUILT:
         yield
         return
-    _pulse.set_wide(flag)
+    _pulse.set_level(LEVELS.index(name))
     try:
         yield
     finally:
-        _pulse.set_wide(WIDE)
+        _pulse.set_level(LEVELS.index(LEVEL))
 
 
 def _array(buf: object, dtype: np.dtype | type) -> np.ndarray:

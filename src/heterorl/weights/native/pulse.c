@@ -18,16 +18,25 @@
 #endif
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
-/* Kernels with an AVX-512 loop (compiled for it by a target attribute, chosen at run time when the CPU has
- * AVX-512 BW and VBMI2, whose compress instruction writes a block's differing lanes side by side); `wide` is
- * the switch (set_wide: tests compare both loops). */
+/* Kernels with loops for three instruction-set levels, each compiled by a target attribute and chosen at run time
+ * by what the CPU has: the baseline (x86-64: SSE2), AVX2 (with BMI1/2 and POPCNT: every x86 CPU since 2013-2015
+ * that lacks AVX-512), AVX-512 (BW and VBMI2, whose compress instruction writes a block's differing lanes side by
+ * side). `level` is the switch (set_level: tests compare every loop the CPU can run with the reference). */
 #define HAVE_WIDE 1
-static int wide;
+#define LEVEL_BASE 0
+#define LEVEL_AVX2 1
+#define LEVEL_AVX512 2
+static int level;
+static int pdep_fast; /* pdep is one instruction of a few cycles (not AMD's Zen 1 / 2, which microcode it) */
 
-static int wide_supported(void) {
+static int level_supported(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("bmi2");
+    if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512vbmi2") && __builtin_cpu_supports("bmi2"))
+        return LEVEL_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("popcnt"))
+        return LEVEL_AVX2;
+    return LEVEL_BASE;
 }
 #endif
 
@@ -319,7 +328,7 @@ scan16_wide(const char *wb, const char *wn, size_t words, size_t first, Vec *pos
 static int scan16(const char *wb, const char *wn, size_t words, size_t first, Vec *pos, Vec *dif) {
     size_t w = 0;
 #ifdef HAVE_WIDE
-    if (wide) {
+    if (level == LEVEL_AVX512) {
         w = scan16_wide(wb, wn, words, first, pos, dif);
         if (w == (size_t)-1) return -1;
     }
@@ -1341,7 +1350,7 @@ PyDoc_STRVAR(apply_digest_doc,
              "run's are not in chunk order, what was written is subtracted again and the tensor is as it was.");
 
 #define APPLY_RUNS 32
-#define SCRATCH 8192 /* 16-bit elements per step of apply_digest's AVX-512 path for several runs (16 KB, in L1) */
+#define SCRATCH 8192 /* 16-bit elements per step of apply_digest's gathering path for several runs (16 KB, in L1) */
 
 #ifdef HAVE_WIDE
 /* view[i] += scratch[i] for i < len, the scratch zeroed again: one 32-lane add per step, stored only in the lanes
@@ -1355,6 +1364,28 @@ __attribute__((target("avx512f,avx512bw"))) static void add_scratch16_wide(uint1
         __mmask32 m = _mm512_test_epi16_mask(d, d);
         _mm512_mask_storeu_epi16(view + i, m, _mm512_add_epi16(_mm512_loadu_si512((const void *)(view + i)), d));
         _mm512_storeu_si512((void *)(scratch + i), zero);
+    }
+    for (; i < len; i++) {
+        view[i] = (uint16_t)(view[i] + scratch[i]);
+        scratch[i] = 0;
+    }
+}
+
+/* The same with AVX2, which has no 16-bit masked store: a line (32 elements) whose differences are all zero is
+ * neither read nor written, the others are added whole (adding zero leaves an element as it was). */
+__attribute__((target("avx2"))) static void add_scratch16_avx2(uint16_t *view, uint16_t *scratch, size_t len) {
+    const __m256i zero = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 32 <= len; i += 32) {
+        __m256i d0 = _mm256_loadu_si256((const __m256i *)(scratch + i));
+        __m256i d1 = _mm256_loadu_si256((const __m256i *)(scratch + i + 16));
+        __m256i any = _mm256_or_si256(d0, d1);
+        if (_mm256_testz_si256(any, any)) continue;
+        __m256i *v = (__m256i *)(view + i);
+        _mm256_storeu_si256(v, _mm256_add_epi16(_mm256_loadu_si256(v), d0));
+        _mm256_storeu_si256(v + 1, _mm256_add_epi16(_mm256_loadu_si256(v + 1), d1));
+        _mm256_storeu_si256((__m256i *)(scratch + i), zero);
+        _mm256_storeu_si256((__m256i *)(scratch + i + 16), zero);
     }
     for (; i < len; i++) {
         view[i] = (uint16_t)(view[i] + scratch[i]);
@@ -1412,11 +1443,12 @@ static PyObject *py_apply_digest(PyObject *self, PyObject *args) {
     char *view = vb.buf;
     int bad = 0;
     Py_BEGIN_ALLOW_THREADS;
-    /* Several runs of 16-bit elements on an AVX-512 CPU: each step's changes gathered in an L1 scratch, then added
-     * in one pass (a chunk written run after run, each across the whole chunk, took twice a single run's time). */
+    /* Several runs of 16-bit elements on an AVX2 or AVX-512 CPU: each step's changes gathered in an L1 scratch,
+     * then added in one pass (a chunk written run after run, each across the whole chunk, took twice a single
+     * run's time). */
     int gather = 0;
 #ifdef HAVE_WIDE
-    gather = wide && nr > 1 && itemsize == 2;
+    gather = level >= LEVEL_AVX2 && nr > 1 && itemsize == 2;
 #endif
     uint16_t scratch[SCRATCH]; /* zeroed only where used: a single run (every v1 tensor) never touches it */
     if (gather) memset(scratch, 0, sizeof scratch);
@@ -1435,7 +1467,8 @@ static PyObject *py_apply_digest(PyObject *self, PyObject *args) {
             j[r] = k;
         }
 #ifdef HAVE_WIDE
-        if (gather) add_scratch16_wide((uint16_t *)view + start, scratch, end - start);
+        if (gather && level == LEVEL_AVX512) add_scratch16_wide((uint16_t *)view + start, scratch, end - start);
+        if (gather && level == LEVEL_AVX2) add_scratch16_avx2((uint16_t *)view + start, scratch, end - start);
 #endif
         HASH_UPDATE(sr, view + start * itemsize, (end - start) * itemsize);
     }
@@ -1598,6 +1631,32 @@ __attribute__((target("avx512f,avx512bw"))) static inline void masks16_wide(cons
 }
 #endif
 
+#ifdef HAVE_WIDE
+/* 16-bit magnitudes, AVX2: 16 lanes per compare (signed compares are exact: the sign bit is cleared and the
+ * bounds are at most 0x7FFF); two compares pack into 32 bytes, in the order 0-7, 16-23, 8-15, 24-31 (packs works
+ * per 128-bit half), which one qword permutation puts right, whose movemask is 32 lanes. */
+__attribute__((target("avx2"))) static inline void masks16_avx2(const Classes *cl, const char *p, size_t chunks,
+                                                                uint64_t *m) {
+    __m256i bv[MAX_CLASSES];
+    const int nb = cl->nb;
+    for (int c = 0; c < nb; c++) bv[c] = _mm256_set1_epi16((short)cl->bounds[c]);
+    const __m256i low15 = _mm256_set1_epi16(0x7FFF);
+    for (size_t q = 0; q < chunks; q++, p += 2 * CHUNK, m += MASKS(nb)) {
+        __m256i x[4];
+        for (int j = 0; j < 4; j++) x[j] = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(p + 32 * j)), low15);
+        for (int c = 0; c < nb; c++) {
+            uint64_t lt = 0;
+            for (int h = 0; h < 2; h++) {
+                __m256i packed = _mm256_packs_epi16(_mm256_cmpgt_epi16(bv[c], x[2 * h]),
+                                                    _mm256_cmpgt_epi16(bv[c], x[2 * h + 1]));
+                lt |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_permute4x64_epi64(packed, 0xD8)) << (32 * h);
+            }
+            m[c + 1] = lt;
+        }
+    }
+}
+#endif
+
 #ifdef __SSE2__
 /* 16-bit magnitudes, SSE2 (x86-64's baseline): 8 lanes per compare (signed compares are exact: the sign bit is
  * cleared and the bounds are at most 0x7FFF); two compares pack into 16 bytes, whose movemask is 16 lanes. */
@@ -1622,14 +1681,16 @@ static void masks16_sse2(const Classes *cl, const char *p, size_t chunks, uint64
 
 /* The masks of the chunks of [start, start + len), len <= CHUNK * BLOCK_CHUNKS: chunk q's at m + q * MASKS(nb). */
 static inline __attribute__((always_inline)) void block_masks(const Classes *cl, const void *base, size_t start,
-                                                              size_t len, uint64_t *m, int use_wide) {
+                                                              size_t len, uint64_t *m, int lvl) {
     size_t whole = 0, stride = MASKS(cl->nb);
     if (cl->itemsize == 2 && cl->mask == 0x7FFF) {
         whole = len / CHUNK;
         const char *p = (const char *)base + 2 * start;
 #ifdef HAVE_WIDE
-        if (use_wide)
+        if (lvl == LEVEL_AVX512)
             masks16_wide(cl, p, whole, m);
+        else if (lvl == LEVEL_AVX2)
+            masks16_avx2(cl, p, whole, m);
         else
 #endif
 #ifdef __SSE2__
@@ -1648,21 +1709,27 @@ static inline __attribute__((always_inline)) void block_masks(const Classes *cl,
     }
 }
 
-/* Each class pass is compiled twice: for AVX-512 (its masks loop inlined, popcount one instruction), used when
- * `wide` is on, and for the baseline, which GCC clones once more for CPUs with POPCNT (x86-64's baseline has
- * none, and a library call per popcount cost more than the masks). PASS calls the one `wide` picks. */
+/* Each class pass is compiled once per level (its masks loop inlined, popcount one instruction where the level
+ * has it): for AVX-512, for AVX2, and for the baseline, which GCC clones once more for CPUs with POPCNT (x86-64's
+ * baseline has none, and a library call per popcount cost more than the masks). PASS calls the one `level` picks. */
 #define PASS_BAD 1
 #define PASS_NOMEM 2
 #define PASS_COUNT 3
 #ifdef HAVE_WIDE
 #define PASS_VARIANTS(NAME, ARGS, ...)                                                                            \
     __attribute__((target("avx512f,avx512bw,popcnt,bmi2"))) static int NAME##_wide(ARGS) {                       \
-        return NAME##_pass(__VA_ARGS__, 1);                                                                        \
+        return NAME##_pass(__VA_ARGS__, LEVEL_AVX512);                                                             \
+    }                                                                                                              \
+    __attribute__((target("avx2,popcnt,bmi,bmi2"))) static int NAME##_avx2(ARGS) {                                \
+        return NAME##_pass(__VA_ARGS__, LEVEL_AVX2);                                                               \
     }                                                                                                              \
     __attribute__((target_clones("popcnt", "default"))) static int NAME##_base(ARGS) {                            \
-        return NAME##_pass(__VA_ARGS__, 0);                                                                        \
+        return NAME##_pass(__VA_ARGS__, LEVEL_BASE);                                                               \
     }
-#define PASS(NAME, ...) (wide ? NAME##_wide(__VA_ARGS__) : NAME##_base(__VA_ARGS__))
+#define PASS(NAME, ...)                                                                                            \
+    (level == LEVEL_AVX512 ? NAME##_wide(__VA_ARGS__)                                                              \
+     : level == LEVEL_AVX2 ? NAME##_avx2(__VA_ARGS__)                                                              \
+                           : NAME##_base(__VA_ARGS__))
 #else
 #define PASS_VARIANTS(NAME, ARGS, ...)                                                                            \
     static int NAME##_base(ARGS) { return NAME##_pass(__VA_ARGS__, 0); }
@@ -1744,19 +1811,19 @@ WIDE static void class_prefix_wide(PREFIX_ARGS) {
 static AI void class_prefix(PREFIX_ARGS) {
     const int nb = cl->nb;
     const uint64_t *m = masks;
-    for (size_t q = 0; q * CHUNK < len; q++, m += MASKS(nb))
-        for (int c = 0; c < nb; c++) {
-            prefix[q * MAX_CLASSES + (size_t)c] = cnt[c];
-            cnt[c] += (uint64_t)__builtin_popcountll(m[c + 1] & ~m[c]);
-        }
+    for (size_t q = 0; q * CHUNK < len; q++, m += MASKS(nb)) {
+        /* the whole row, a constant size (a copy of nb counts became a library call per chunk) */
+        memcpy(prefix + q * MAX_CLASSES, cnt, MAX_CLASSES * sizeof *cnt);
+        for (int c = 0; c < nb; c++) cnt[c] += (uint64_t)__builtin_popcountll(m[c + 1] & ~m[c]);
+    }
 }
 
 /* A block's masks and its class counts before each chunk (cnt advanced past the block). */
 static AI void block_counts(const Classes *cl, const void *base, size_t start, size_t len, uint64_t *masks,
-                            uint64_t *cnt, uint64_t *prefix, int use_wide) {
-    block_masks(cl, base, start, len, masks, use_wide);
+                            uint64_t *cnt, uint64_t *prefix, int lvl) {
+    block_masks(cl, base, start, len, masks, lvl);
 #ifdef HAVE_WIDE
-    if (use_wide)
+    if (lvl == LEVEL_AVX512)
         class_prefix_wide(cl, len, masks, cnt, prefix);
     else
 #endif
@@ -1765,11 +1832,11 @@ static AI void block_counts(const Classes *cl, const void *base, size_t start, s
 
 /* class_counts' pass over one part: the members of each class, added to cnt. */
 #define COUNT_ARGS const Classes *cl, const void *base, size_t n, uint64_t *cnt
-static AI int count_pass(COUNT_ARGS, int use_wide) {
+static AI int count_pass(COUNT_ARGS, int lvl) {
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16], prefix[BLOCK_CHUNKS * MAX_CLASSES];
     for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
         size_t len = n - start < CHUNK * BLOCK_CHUNKS ? n - start : CHUNK * BLOCK_CHUNKS;
-        block_counts(cl, base, start, len, masks, cnt, prefix, use_wide);
+        block_counts(cl, base, start, len, masks, cnt, prefix, lvl);
     }
     return 0;
 }
@@ -1871,7 +1938,7 @@ done:
 #define SPLIT_ARGS                                                                                                 \
     const Classes *cl, const uint8_t *lut, int lut_shift, const void *base, size_t n, size_t off,                 \
         const int64_t *pos, const char *code, size_t count, size_t *jp, Vec *outp, Vec *outc, uint64_t *cnt
-static AI int split_pass(SPLIT_ARGS, int use_wide) {
+static AI int split_pass(SPLIT_ARGS, int lvl) {
     const int nb = cl->nb, itemsize = cl->itemsize;
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
     uint64_t prefix[BLOCK_CHUNKS * MAX_CLASSES]; /* class counts before each chunk of the block */
@@ -1886,7 +1953,7 @@ static AI int split_pass(SPLIT_ARGS, int use_wide) {
             rp[c] = (int64_t *)outp[c].data + outp[c].len;
             cp[c] = outc[c].data + outc[c].len * itemsize;
         }
-        block_counts(cl, base, start, len, masks, cnt, prefix, use_wide);
+        block_counts(cl, base, start, len, masks, cnt, prefix, lvl);
         int status =
             split_changes(cl, lut, lut_shift, base, start, masks, prefix, pos, (int64_t)off, code, &j, jend, rp, cp);
         for (int c = 0; c <= nb; c++) {
@@ -2013,9 +2080,11 @@ typedef struct {
     int bad;
 } Ranks;
 
-/* The k-th set bit of mem (k < popcount(mem)), by pdep. */
+/* The k-th set bit of mem (k < popcount(mem)), by pdep (inlined into both levels that have BMI2). */
 #ifdef HAVE_WIDE
-WIDE static inline int nth_set_bit_wide(uint64_t mem, uint64_t k) { return __builtin_ctzll(_pdep_u64(1ull << k, mem)); }
+__attribute__((target("bmi,bmi2"))) static inline int nth_set_bit_pdep(uint64_t mem, uint64_t k) {
+    return __builtin_ctzll(_pdep_u64(1ull << k, mem));
+}
 #endif
 
 /* One block [start, start + len) of a part (which starts at segment position off), its masks and its class counts
@@ -2049,7 +2118,7 @@ static AI void positions_block(POSITIONS_BLOCK_ARGS) {
             int lane;
 #ifdef HAVE_WIDE
             if (by_pdep)
-                lane = nth_set_bit_wide(mem, k);
+                lane = nth_set_bit_pdep(mem, k);
             else
 #endif
             {
@@ -2068,13 +2137,14 @@ static AI void positions_block(POSITIONS_BLOCK_ARGS) {
  * top that fall in it into segment positions. A class's rank out of order sets r->bad; one past its members is
  * never reached (its nxt stays short of nch). Both are reported by the caller. */
 #define POSITIONS_ARGS const Classes *cl, const void *base, size_t n, size_t off, Ranks *r
-static AI int positions_pass(POSITIONS_ARGS, int use_wide) {
+static AI int positions_pass(POSITIONS_ARGS, int lvl) {
     uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
     uint64_t prefix[BLOCK_CHUNKS * MAX_CLASSES];           /* class counts before each chunk of the block */
     for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
         size_t len = n - start < CHUNK * BLOCK_CHUNKS ? n - start : CHUNK * BLOCK_CHUNKS;
-        block_counts(cl, base, start, len, masks, r->cnt, prefix, use_wide);
-        positions_block(cl, start, len, (int64_t)off, masks, prefix, r, use_wide);
+        block_counts(cl, base, start, len, masks, r->cnt, prefix, lvl);
+        positions_block(cl, start, len, (int64_t)off, masks, prefix, r,
+                        lvl == LEVEL_AVX512 || (lvl == LEVEL_AVX2 && pdep_fast));
     }
     return 0;
 }
@@ -2292,18 +2362,19 @@ static PyObject *py_empty(PyObject *self, PyObject *args) {
 
 PyDoc_STRVAR(set_pool_limit_doc, "set_pool_limit(nbytes) -> previous limit\n\nMost bytes of freed blocks the pool keeps.");
 
-PyDoc_STRVAR(set_wide_doc, "set_wide(flag) -> bool\n\nUse the AVX-512 loops (when the CPU has them; the default) "
-                           "or not; returns whether they are used now.");
+PyDoc_STRVAR(set_level_doc, "set_level(n) -> level used\n\nRun the loops of instruction-set level n (0 baseline, 1 "
+                            "AVX2, 2 AVX-512), or the highest the CPU has below it; the default is the highest.");
 
-static PyObject *py_set_wide(PyObject *self, PyObject *args) {
-    int flag;
-    if (!PyArg_ParseTuple(args, "p", &flag)) return NULL;
+static PyObject *py_set_level(PyObject *self, PyObject *args) {
+    int want;
+    if (!PyArg_ParseTuple(args, "i", &want)) return NULL;
 #ifdef HAVE_WIDE
-    wide = flag && wide_supported();
-    return PyBool_FromLong(wide);
+    int top = level_supported();
+    level = want < 0 ? LEVEL_BASE : want < top ? want : top;
+    return PyLong_FromLong(level);
 #else
-    (void)flag;
-    Py_RETURN_FALSE;
+    (void)want;
+    return PyLong_FromLong(0);
 #endif
 }
 
@@ -2344,7 +2415,7 @@ static PyMethodDef methods[] = {
     {"ranks_bitmap", py_ranks_bitmap, METH_VARARGS, ranks_bitmap_doc},
     {"empty", py_empty, METH_VARARGS, empty_doc},
     {"set_pool_limit", py_set_pool_limit, METH_VARARGS, set_pool_limit_doc},
-    {"set_wide", py_set_wide, METH_VARARGS, set_wide_doc},
+    {"set_level", py_set_level, METH_VARARGS, set_level_doc},
     {NULL, NULL, 0, NULL},
 };
 
@@ -2356,7 +2427,8 @@ PyMODINIT_FUNC PyInit__pulse(void) {
     init_clog2c();
     init_escapes_in_byte();
 #ifdef HAVE_WIDE
-    wide = wide_supported();
+    level = level_supported();
+    pdep_fast = !__builtin_cpu_is("amdfam17h");
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
