@@ -2077,7 +2077,10 @@ typedef struct {
     size_t *nxt;
     uint64_t *cnt;
     int64_t **out;
-    int bad;
+    int bad, top_bad;
+    const int64_t *tpos; /* the top class's positions: ntop of them, t checked, the last of them prev */
+    size_t ntop, t;
+    int64_t prev;
 } Ranks;
 
 /* The k-th set bit of mem (k < popcount(mem)), by pdep (inlined into both levels that have BMI2). */
@@ -2133,26 +2136,9 @@ static AI void positions_block(POSITIONS_BLOCK_ARGS) {
     }
 }
 
-/* class_positions' pass over one part (n elements from segment position off): the ranks of every class below the
- * top that fall in it into segment positions. A class's rank out of order sets r->bad; one past its members is
- * never reached (its nxt stays short of nch). Both are reported by the caller. */
-#define POSITIONS_ARGS const Classes *cl, const void *base, size_t n, size_t off, Ranks *r
-static AI int positions_pass(POSITIONS_ARGS, int lvl) {
-    uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
-    uint64_t prefix[BLOCK_CHUNKS * MAX_CLASSES];           /* class counts before each chunk of the block */
-    for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
-        size_t len = n - start < CHUNK * BLOCK_CHUNKS ? n - start : CHUNK * BLOCK_CHUNKS;
-        block_counts(cl, base, start, len, masks, r->cnt, prefix, lvl);
-        positions_block(cl, start, len, (int64_t)off, masks, prefix, r,
-                        lvl == LEVEL_AVX512 || (lvl == LEVEL_AVX2 && pdep_fast));
-    }
-    return 0;
-}
-PASS_VARIANTS(positions, POSITIONS_ARGS, cl, base, n, off, r)
-
 /* The top class's changes in one part (segment positions from *tp on, those below off + n): each must exceed the
  * one before (prev) and have a magnitude of at least the top bound. Branch-free but for the loop: a bad position
- * reads element 0 instead and sets bad. */
+ * reads element 0 instead and sets bad. The positions pass calls it block by block, while the block is in cache. */
 static int top_check(const Classes *cl, const void *base, size_t n, size_t off, const int64_t *tpos, size_t ntop,
                      size_t *tp, int64_t *prev) {
     const uint64_t top = cl->bounds[cl->nb - 1];
@@ -2171,6 +2157,25 @@ static int top_check(const Classes *cl, const void *base, size_t n, size_t off, 
     *prev = last;
     return bad;
 }
+
+/* class_positions' pass over one part (n elements from segment position off): the ranks of every class below the
+ * top that fall in it into segment positions, and its top-class positions checked. A class's rank out of order
+ * sets r->bad, a bad top-class position r->top_bad; a rank past its class's members or a top position past the
+ * segment is never reached (nxt stays short of nch, t of ntop). The caller reports them. */
+#define POSITIONS_ARGS const Classes *cl, const void *base, size_t n, size_t off, Ranks *r
+static AI int positions_pass(POSITIONS_ARGS, int lvl) {
+    uint64_t masks[BLOCK_CHUNKS * MASKS(MAX_CLASSES) + 16]; /* + the wide loads past the last chunk */
+    uint64_t prefix[BLOCK_CHUNKS * MAX_CLASSES];           /* class counts before each chunk of the block */
+    for (size_t start = 0; start < n; start += CHUNK * BLOCK_CHUNKS) {
+        size_t len = n - start < CHUNK * BLOCK_CHUNKS ? n - start : CHUNK * BLOCK_CHUNKS;
+        block_counts(cl, base, start, len, masks, r->cnt, prefix, lvl);
+        positions_block(cl, start, len, (int64_t)off, masks, prefix, r,
+                        lvl == LEVEL_AVX512 || (lvl == LEVEL_AVX2 && pdep_fast));
+        r->top_bad |= top_check(cl, base, start + len, off, r->tpos, r->ntop, &r->t, &r->prev);
+    }
+    return 0;
+}
+PASS_VARIANTS(positions, POSITIONS_ARGS, cl, base, n, off, r)
 
 PyDoc_STRVAR(class_positions_doc,
              "class_positions(parts, itemsize, mask, bounds, members, ranks, top_positions) -> [positions int64 "
@@ -2223,24 +2228,23 @@ static PyObject *py_class_positions(PyObject *self, PyObject *args) {
         if (buf == NULL) goto done;
         PyList_SET_ITEM(list, c, buf);
     }
-    Ranks ranks = {.rk = rk, .nch = nch, .nxt = nxt, .cnt = cnt, .out = op, .bad = 0};
-    const int64_t *tpos = tpb.buf;
-    size_t ntop = (size_t)tpb.len / 8, t = 0;
+    Ranks ranks = {.rk = rk, .nch = nch, .nxt = nxt, .cnt = cnt, .out = op, .bad = 0, .top_bad = 0};
+    ranks.tpos = tpb.buf;
+    ranks.ntop = (size_t)tpb.len / 8;
+    ranks.t = 0;
+    ranks.prev = -1;
     const char *err = NULL;
-    int top_bad = 0;
     Py_BEGIN_ALLOW_THREADS;
     size_t off = 0;
-    int64_t prev = -1;
     for (Py_ssize_t i = 0; i < parts.n; i++) {
         size_t n = (size_t)parts.bufs[i].len / itemsize;
         PASS(positions, cl, parts.bufs[i].buf, n, off, &ranks);
-        top_bad |= top_check(cl, parts.bufs[i].buf, n, off, tpos, ntop, &t, &prev);
         off += n;
     }
     for (int c = 0; c < nb && err == NULL; c++)
         if (cnt[c] != want[c]) err = "a class's member count differs from the header's";
         else if (nxt[c] != nch[c] || ranks.bad) err = "a class's change ranks are not sorted members";
-    if (err == NULL && (top_bad || t != ntop)) err = "a top-class position is not in the top class";
+    if (err == NULL && (ranks.top_bad || ranks.t != ranks.ntop)) err = "a top-class position is not in the top class";
     Py_END_ALLOW_THREADS;
     if (err) {
         PyErr_SetString(CodecError, err);
