@@ -323,13 +323,63 @@ scan16_wide(const char *wb, const char *wn, size_t words, size_t first, Vec *pos
 }
 #endif
 
+/* scan16's AVX2 loop, 64 elements (two lines of each tensor) at a time: equal lanes by 16-lane compares packed
+ * into one 64-bit mask (packs works per 128-bit half: a qword permutation puts the lanes in order), the
+ * differences stored to a 128-byte buffer, then the first four differing elements taken without a data-dependent
+ * branch (an empty mask reads lane 0 and does not advance) and any further ones in a loop (~6% of blocks at the 3%
+ * of changes of a fine-tuning step). Returns the words done (a multiple of 16), or (size_t)-1 when out of memory. */
+#define AVX2_GROUP 64
+__attribute__((target("avx2,bmi,bmi2,popcnt"))) static size_t scan16_avx2(const char *wb, const char *wn, size_t words,
+                                                                          size_t first, Vec *pos, Vec *dif) {
+    size_t w = 0;
+    while (w + 16 <= words) {
+        size_t blocks = (words - w) / 16 < AVX2_GROUP ? (words - w) / 16 : AVX2_GROUP;
+        if (vec_reserve(pos, 64 * blocks) || vec_reserve(dif, 64 * blocks)) return (size_t)-1;
+        int64_t *p = (int64_t *)pos->data + pos->len;
+        uint16_t *dd = (uint16_t *)dif->data + dif->len;
+        size_t k = 0;
+        for (size_t b = 0; b < blocks; b++, w += 16) {
+            const __m256i *xb = (const __m256i *)(wb + 8 * w), *yn = (const __m256i *)(wn + 8 * w);
+            uint16_t d16[64];
+            uint64_t eq = 0;
+            for (int h = 0; h < 2; h++) {
+                __m256i x0 = _mm256_loadu_si256(xb + 2 * h), y0 = _mm256_loadu_si256(yn + 2 * h);
+                __m256i x1 = _mm256_loadu_si256(xb + 2 * h + 1), y1 = _mm256_loadu_si256(yn + 2 * h + 1);
+                _mm256_storeu_si256((__m256i *)(d16 + 32 * h), _mm256_sub_epi16(y0, x0));
+                _mm256_storeu_si256((__m256i *)(d16 + 32 * h + 16), _mm256_sub_epi16(y1, x1));
+                __m256i packed = _mm256_packs_epi16(_mm256_cmpeq_epi16(x0, y0), _mm256_cmpeq_epi16(x1, y1));
+                eq |= (uint64_t)(uint32_t)_mm256_movemask_epi8(_mm256_permute4x64_epi64(packed, 0xD8)) << (32 * h);
+            }
+            uint64_t mask = ~eq;
+            const int64_t at = (int64_t)(first + 4 * w);
+            for (int s = 0; s < 4; s++) {
+                int e = __builtin_ctzll(mask | (mask ? 0 : 1)); /* lane 0 for an empty mask */
+                p[k] = at + e;
+                dd[k] = d16[e];
+                k += mask != 0;
+                mask &= mask - 1;
+            }
+            while (mask) {
+                int e = __builtin_ctzll(mask);
+                mask &= mask - 1;
+                p[k] = at + e;
+                dd[k++] = d16[e];
+            }
+        }
+        pos->len += k;
+        dif->len += k;
+    }
+    return w;
+}
+
 /* 16-bit elements: a mask of the lanes that differ, then one iteration per differing element. Returns -1
  * when out of memory. */
 static int scan16(const char *wb, const char *wn, size_t words, size_t first, Vec *pos, Vec *dif) {
     size_t w = 0;
 #ifdef HAVE_WIDE
-    if (level == LEVEL_AVX512) {
-        w = scan16_wide(wb, wn, words, first, pos, dif);
+    if (level >= LEVEL_AVX2) {
+        w = level == LEVEL_AVX512 ? scan16_wide(wb, wn, words, first, pos, dif)
+                                  : scan16_avx2(wb, wn, words, first, pos, dif);
         if (w == (size_t)-1) return -1;
     }
 #endif
