@@ -1811,11 +1811,12 @@ WIDE static inline __m512i chunk_counts_wide(const uint64_t *m, int h) {
 
 /* class_split's changes of one block [start, start + len) of a part (which starts at segment position off):
  * pos[*jp .. jend) into their classes' outputs, in one loop over the changes (a loop per chunk mispredicted its
- * exit once per chunk). prefix[q * MAX_CLASSES + c]: class c's members before chunk q. */
+ * exit once per chunk). prefix[q * MAX_CLASSES + c]: class c's members before chunk q. itemsize is cl->itemsize,
+ * a constant where the caller inlines it for 16-bit elements (no width switch per change). */
 static AI int split_changes(const Classes *cl, const uint8_t *lut, int lut_shift, const void *base, size_t start,
                             const uint64_t *masks, const uint64_t *prefix, const int64_t *pos, int64_t off,
-                            const char *code, size_t *jp, size_t jend, int64_t **rp, char **cp) {
-    const int nb = cl->nb, itemsize = cl->itemsize;
+                            const char *code, size_t *jp, size_t jend, int64_t **rp, char **cp, const int itemsize) {
+    const int nb = cl->nb;
     const size_t stride = MASKS(nb);
     for (size_t j = *jp; j < jend; j++) {
         int64_t p = pos[j] - off;
@@ -2004,8 +2005,10 @@ static AI int split_pass(SPLIT_ARGS, int lvl) {
             cp[c] = outc[c].data + outc[c].len * itemsize;
         }
         block_counts(cl, base, start, len, masks, cnt, prefix, lvl);
-        int status =
-            split_changes(cl, lut, lut_shift, base, start, masks, prefix, pos, (int64_t)off, code, &j, jend, rp, cp);
+        int status = itemsize == 2 ? split_changes(cl, lut, lut_shift, base, start, masks, prefix, pos, (int64_t)off,
+                                                   code, &j, jend, rp, cp, 2)
+                                   : split_changes(cl, lut, lut_shift, base, start, masks, prefix, pos, (int64_t)off,
+                                                   code, &j, jend, rp, cp, itemsize);
         for (int c = 0; c <= nb; c++) {
             outp[c].len = (size_t)(rp[c] - (int64_t *)outp[c].data);
             outc[c].len = outp[c].len;
