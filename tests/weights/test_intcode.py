@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from heterorl.weights.format import PatchError
-from heterorl.weights.intcode import StreamSpec, choose_k, decode_uints, encode_uints
+from heterorl.weights.intcode import DIFFERENCES, StreamSpec, choose_k, decode_uints, encode_uints, unit_steps
 from heterorl.weights.intcode import unzigzag_plus_one as _unzigzag_plus_one
 from heterorl.weights.intcode import zigzag_minus_one as _zigzag_minus_one
 
@@ -90,3 +90,13 @@ def test_decode_rejects_inconsistent_streams():
         decode_uints(padded, 3, spec, np.uint32)
     with pytest.raises(PatchError, match="overflows"):  # uint8 with k = 6 leaves 2 bits for the high part
         decode_uints(np.array([0b11 << 6, 0xFF], np.uint8), 1, StreamSpec(6, 1, 1), np.uint8)
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_unit_steps_are_the_table_differences_of_codes_0_and_1(dtype):
+    flags = np.array([0, 1, 1, 0, 0, 1], np.uint8)
+    got = unit_steps(flags, dtype)
+    assert got.dtype == dtype
+    assert np.array_equal(got, np.take(DIFFERENCES[np.dtype(dtype).itemsize], flags))
+    assert got[0] == np.iinfo(dtype).max  # -1 wrapped
+    assert got[1] == 1

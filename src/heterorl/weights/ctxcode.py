@@ -53,6 +53,7 @@ from heterorl.weights.intcode import (
     encode_stream,
     encode_uints,
     uint_for,
+    unit_steps,
     zigzag_minus_one,
 )
 from heterorl.weights.plain import decode_positions
@@ -537,8 +538,8 @@ def _decode_native(
             ranks = native.decode_positions(raw_U, cursor, spec.count, spec.gaps, bits, spec.members, what)
         cursor += sum(spec.position_sizes())
         size = sum(spec.value_sizes())
-        if spec.val_mode == "bits":  # codes 0 / 1: the differences -1 / +1 by table
-            delta_C = np.take(DIFFERENCES[code_width], _unpack_flags(raw_U[cursor : cursor + size], spec.count, what))
+        if spec.val_mode == "bits":  # codes 0 / 1: the differences -1 / +1
+            delta_C = unit_steps(_unpack_flags(raw_U[cursor : cursor + size], spec.count, what), value_dtype)
         else:
             delta_C = native.decode_diffs(raw_U, cursor, spec.count, spec.values, value_dtype, what)
         cursor += size

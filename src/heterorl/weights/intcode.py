@@ -317,6 +317,15 @@ def decode_values(
     return differences(codes_N, what)
 
 
+def unit_steps(flags_N: np.ndarray, dtype: type[np.unsignedinteger]) -> np.ndarray:
+    """Differences of a "bits" value stream (codes 0 / 1, one bit each): -1 / +1 wrapped to the element width, as
+    2 * flag - 1 (what `DIFFERENCES` gives for codes 0 and 1, without its index cast and gather: ~3x faster)."""
+    out = flags_N.astype(dtype)
+    out <<= 1
+    out -= dtype(1)
+    return out
+
+
 def differences(codes_N: np.ndarray, what: str) -> np.ndarray:
     """Wrapped differences from value codes; PatchError if a code decodes to a zero change."""
     if (codes_N == np.iinfo(codes_N.dtype).max).any():
