@@ -2138,7 +2138,7 @@ typedef struct {
 
 /* The k-th set bit of mem (k < popcount(mem)), by pdep (inlined into both levels that have BMI2). */
 #ifdef HAVE_WIDE
-__attribute__((target("bmi,bmi2"))) static inline int nth_set_bit_pdep(uint64_t mem, uint64_t k) {
+__attribute__((target("bmi2"))) static inline int nth_set_bit_pdep(uint64_t mem, uint64_t k) {
     return __builtin_ctzll(_pdep_u64(1ull << k, mem));
 }
 #endif
