@@ -5,9 +5,11 @@
 
 Build the old kernels from an export of another commit (`git archive <commit> setup.py pyproject.toml
 src/heterorl/weights/native | tar -x -C DIR`, then `python setup.py build_ext --inplace` in DIR). Every round
-encodes, reverts and applies the patch once per build, alternating builds, so both see the same load; figures are
-the best of `--rounds`, in GB of bf16 model bytes per CPU-second (and per wall second). The builds must write the
-same bytes (checked).
+encodes, reverts and applies the patch once per build, the builds in turn (in reverse order every other round), so
+they see the same load; figures are the best of `--rounds`, in GB of bf16 model bytes per CPU-second (and per wall
+second), and "x" is the median over rounds of the first build's CPU time over this one's in the same round (on a
+VM whose speed drifts between minutes, the best-of figures of two builds can come from different phases; the
+per-round ratio cannot). The builds must write the same bytes (checked).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -54,6 +57,7 @@ def main() -> None:
     for context in (False, True):
         for threads in args.threads:
             best = {path: [float("inf")] * 4 for path in builds}
+            cpu = {path: ([], []) for path in builds}  # per round: encode, decode CPU seconds
             weights = {k: v.clone() for k, v in base.items()}
             patches = []
             for module in builds.values():
@@ -63,21 +67,27 @@ def main() -> None:
                 raise AssertionError("the builds wrote different bytes")
             back = encode_patch(new, base, context=context, workers=threads)
             apply_patch(weights, patches[0], workers=threads)
-            for _ in range(args.rounds):
-                for path, module in builds.items():
+            for r in range(args.rounds):
+                for path, module in list(builds.items())[:: 1 if r % 2 == 0 else -1]:
                     native._pulse = module
                     b = best[path]
                     c, w = time.process_time(), time.perf_counter()
                     encode_patch(base, new, context=context, workers=threads)
                     b[0], b[2] = min(b[0], time.process_time() - c), min(b[2], time.perf_counter() - w)
+                    cpu[path][0].append(time.process_time() - c)
                     apply_patch(weights, back, workers=threads)
                     c, w = time.process_time(), time.perf_counter()
                     apply_patch(weights, patches[0], workers=threads)
                     b[1], b[3] = min(b[1], time.process_time() - c), min(b[3], time.perf_counter() - w)
+                    cpu[path][1].append(time.process_time() - c)
+            first = cpu[args.builds[0]]
             for path, b in best.items():
+                x_enc, x_dec = (
+                    statistics.median(f / t for f, t in zip(first[i], cpu[path][i], strict=True)) for i in (0, 1)
+                )
                 print(
                     f"v{2 if context else 1} threads {threads} {path}: enc {gb / b[0]:.2f} dec {gb / b[1]:.2f} "
-                    f"GB/CPU-s, wall enc {gb / b[2]:.2f} dec {gb / b[3]:.2f} GB/s",
+                    f"GB/CPU-s, wall enc {gb / b[2]:.2f} dec {gb / b[3]:.2f} GB/s, x enc {x_enc:.2f} dec {x_dec:.2f}",
                     flush=True,
                 )
     print(f"load average at end {os.getloadavg()[0]:.2f}")

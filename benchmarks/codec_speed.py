@@ -31,7 +31,8 @@ def main() -> None:
     parser.add_argument("--no-reference", action="store_true", help="skip the numpy reference columns")
     args = parser.parse_args()
     print(
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, kernels built: {native.BUILT}, "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, kernels built: {native.BUILT} "
+        f"({native.LEVEL} loops), "
         f"load average {os.getloadavg()[0]:.2f}"
     )
     print(memory_line(args.threads), flush=True)

@@ -59,7 +59,8 @@ def conditions() -> str:
         platform.processor(),
     )
     return (
-        f"{gpu}; {cpu}, {os.cpu_count()} cores; torch {torch.__version__}; codec kernels built: {native.BUILT}; "
+        f"{gpu}; {cpu}, {os.cpu_count()} cores; torch {torch.__version__}; codec kernels built: {native.BUILT} "
+        f"({native.LEVEL} loops); "
         f"load average {os.getloadavg()[0]:.2f}"
     )
 
