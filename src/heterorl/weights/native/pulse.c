@@ -16,18 +16,19 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
 /* Kernels with loops for three instruction-set levels, each compiled by a target attribute and chosen at run time
- * by what the CPU has: the baseline (x86-64: SSE2), AVX2 (with BMI1/2 and POPCNT: every x86 CPU since 2013-2015
- * that lacks AVX-512), AVX-512 (BW and VBMI2, whose compress instruction writes a block's differing lanes side by
- * side). `level` is the switch (set_level: tests compare every loop the CPU can run with the reference). */
-#define HAVE_WIDE 1
+ * by what the CPU has: the baseline (x86-64: SSE2; elsewhere portable C), AVX2 (with BMI1/2 and POPCNT: every x86
+ * CPU since 2013-2015 that lacks AVX-512), AVX-512 (BW and VBMI2, whose compress instruction writes a block's
+ * differing lanes side by side). `level` is the switch (set_level: tests compare every loop the CPU can run with
+ * the reference); it stays at the baseline where HAVE_WIDE is not defined. */
 #define LEVEL_BASE 0
 #define LEVEL_AVX2 1
 #define LEVEL_AVX512 2
 static int level;
 static int pdep_fast; /* pdep is one instruction of a few cycles (not AMD's Zen 1 / 2, which microcode it) */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_WIDE 1
 
 static int level_supported(void) {
     __builtin_cpu_init();
@@ -328,6 +329,7 @@ scan16_wide(const char *wb, const char *wn, size_t words, size_t first, Vec *pos
  * differences stored to a 128-byte buffer, then the first four differing elements taken without a data-dependent
  * branch (an empty mask reads lane 0 and does not advance) and any further ones in a loop (~6% of blocks at the 3%
  * of changes of a fine-tuning step). Returns the words done (a multiple of 16), or (size_t)-1 when out of memory. */
+#ifdef HAVE_WIDE
 #define AVX2_GROUP 64
 __attribute__((target("avx2,bmi,bmi2,popcnt"))) static size_t scan16_avx2(const char *wb, const char *wn, size_t words,
                                                                           size_t first, Vec *pos, Vec *dif) {
@@ -371,6 +373,7 @@ __attribute__((target("avx2,bmi,bmi2,popcnt"))) static size_t scan16_avx2(const 
     }
     return w;
 }
+#endif
 
 /* 16-bit elements: a mask of the lanes that differ, then one iteration per differing element. Returns -1
  * when out of memory. */
