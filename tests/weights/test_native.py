@@ -4,6 +4,11 @@ decoded results, the same refusals, kernel by kernel and end to end."""
 from __future__ import annotations
 
 import itertools
+import re
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -647,3 +652,28 @@ def test_class_passes_in_ranges_equal_one_pass_and_refuse_alike(level):
         fake = np.sort(np.concatenate([top, small[-1:]]))
         with pytest.raises(PatchError, match="not in the top class"):
             positions(top=fake)
+
+
+NATIVE_DIR = Path(native.__file__).parent
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_the_kernels_compile_without_their_x86_loops(tmp_path):
+    """On a CPU other than x86-64 (ARM servers, Apple silicon) pulse.c builds its portable loops only: the same
+    file with every x86 block switched off must still compile (pip install builds it; a failure stops the set-up)."""
+    portable = (NATIVE_DIR / "pulse.c").read_text()
+    x86_guards = (
+        r"^#if defined\(__x86_64__\) && defined\(__GNUC__\)$",
+        r"^#if defined\(__x86_64__\) \|\| defined\(_M_X64\)$",
+        r"^#ifdef __SSE2__$",
+    )
+    for guard in x86_guards:
+        portable, n = re.subn(guard, "#if 0", portable, flags=re.M)
+        assert n >= 1, f"pulse.c has no {guard!r} any more: update this test"
+    path = tmp_path / "pulse_portable.c"
+    path.write_text(portable)
+    include = sysconfig.get_paths()["include"]
+    done = subprocess.run(
+        ["cc", "-fsyntax-only", "-O2", f"-I{include}", f"-I{NATIVE_DIR}", str(path)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
