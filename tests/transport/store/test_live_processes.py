@@ -10,11 +10,15 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from conftest import tiny_config
 from heterorl.config import config_to_yaml
 from heterorl.eventlog import read_events
 from heterorl.metrics import read_metrics
 from live.test_processes import Processes, processes  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.processes  # separate OS processes, 18-26 s each: `make test-processes`
 
 
 def test_a_learner_and_two_samplers_train_through_the_store_only(
