@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from heterorl.policy import Policy, SamplingParams, filter_logits, run_process
+from heterorl.policy import Policy, SamplingParams, TextFormat, _backend_encoder, filter_logits, run_process
 
 PROMPTS = ["1+2=", "123+45=", "9=", "55+55=", "7+70="]  # unequal lengths: left padding in the batch
 
@@ -163,6 +163,33 @@ def test_encode_prompts_matches_the_tokenizer_and_caches_prompt_ids(policy: Poli
     first = policy.text.prompt_ids(PROMPTS[1])
     first.append(-1)  # a copy: the cached ids cannot be altered by a caller
     assert policy.text.prompt_ids(PROMPTS[1]) == enc["input_ids"][1][enc["attention_mask"][1].bool()].tolist()
+
+
+TEXTS = ["1+2=", "", " ", "  12 + 3 =\n", "99+01=", "ab\tcd", "é+ü=", "<|im_start|>user\n3+4=<|im_end|>", "x" * 300]
+
+
+@pytest.mark.parametrize("which", ["characters", "bpe"])
+def test_prompt_ids_are_the_transformers_tokenizer_s_ids(
+    which: str, tiny_model_dir: Path, qwen_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Rust encoder's ids are `tokenizer(text, add_special_tokens=False)`'s for the character tokenizer and a
+    byte-level BPE with a chat template (special tokens, whitespace, non-ASCII, long texts, the template's text);
+    a backend saved with truncation falls back to the transformers call (which switches it off)."""
+    tok = Policy.load(tiny_model_dir if which == "characters" else qwen_dir).tokenizer
+    encode = _backend_encoder(tok)
+    texts = [*TEXTS]
+    if which == "bpe":
+        texts.append(
+            TextFormat(tok, chat_template=True).tokenizer.apply_chat_template(
+                [{"role": "user", "content": "What is 3+4?"}], tokenize=False, add_generation_prompt=True
+            )
+        )
+    for text in texts:
+        assert encode(text) == list(tok(text, add_special_tokens=False)["input_ids"]), repr(text)
+    tok.backend_tokenizer.enable_truncation(max_length=2)
+    truncating = _backend_encoder(tok)
+    assert truncating(texts[-1]) == list(tok(texts[-1], add_special_tokens=False)["input_ids"])
+    assert len(truncating(texts[-1])) > 2
 
 
 def test_decode_completions_is_the_tokenizers_decode_cached_by_exact_ids() -> None:

@@ -142,6 +142,19 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
+def _backend_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[str], list[int]]:
+    """One text's ids without special tokens: what `tokenizer(text, add_special_tokens=False)` gives.
+
+    A fast tokenizer's own Rust encoder gives the same ids at ~1/6 of the cost of the transformers call around it
+    (13 vs 72 us a prompt on the demo's tokenizer), unless that encoder was saved with truncation or padding, which
+    the transformers call switches off for each call and a direct call would apply: then, and for slow
+    tokenizers, the transformers call."""
+    backend = getattr(tokenizer, "backend_tokenizer", None) if getattr(tokenizer, "is_fast", False) else None
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        return lambda text: backend.encode(text, add_special_tokens=False).ids
+    return lambda text: list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 class TextFormat:
     """The text side of a policy: prompts (each a user turn of the chat template when asked) -> left-padded ids,
     completion ids -> texts. Samplers need only this and an engine; the model may live elsewhere (vLLM)."""
@@ -159,6 +172,7 @@ class TextFormat:
         self._ids_lock = threading.Lock()  # a live learner's intake asks from its service threads
         self._texts: OrderedDict[tuple[int, ...], str] = OrderedDict()  # short completion ids -> text
         self._texts_lock = threading.Lock()
+        self._encode = _backend_encoder(tokenizer)
 
     def encode_prompts(
         self, prompts: list[str], device: torch.device | str = "cpu"
@@ -194,7 +208,7 @@ class TextFormat:
             text = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
             )
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids = self._encode(text)
         with self._ids_lock:
             self._ids[prompt] = ids
             if len(self._ids) > PROMPT_CACHE:
