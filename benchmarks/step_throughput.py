@@ -1,4 +1,4 @@
-"""Seconds per RL step, split into generate / train / sync / other, and heterorl side by side with TRL.
+"""Seconds per RL step, split into generate / train / sync / verify / other, and heterorl side by side with TRL.
 
     PYTHONPATH=<trl site> .venv/bin/python benchmarks/step_throughput.py          # everything, one command
     .venv/bin/python benchmarks/step_throughput.py --repeats 3 --steps 20 --no-trl
@@ -10,7 +10,8 @@
    16 prompts per step, GRPO (clip 0.2, group-std advantages, per-sequence token mean), AdamW as the learner's,
    one torch thread; heterorl as a synchronous run with one sampler on an ideal link (nothing travels), TRL
    without gradient checkpointing (its default recomputes activations; heterorl does not). Both with heterorl's
-   defaults, and heterorl again with `learner.share_prompt` (opt-in; not bit-identical to the padded batch).
+   defaults (its rollout verifier re-scores 10% of the groups: the verify column), and heterorl again with
+   `learner.share_prompt` (opt-in; not bit-identical to the padded batch).
 
 Every trial is a fresh process (`step_trials.py`), the frameworks interleaved (H T T H H T ...), each trial's first
 steps left out; the tables give the median over trials of each trial's mean seconds per step, wall and process
@@ -39,7 +40,7 @@ TRIALS = Path(__file__).resolve().parent / "step_trials.py"
 DEMO = REPO / "configs" / "demo.yaml"
 SYNC = ["cluster.mode=sync", "cluster.max_staleness=null"]
 IDEAL = [*SYNC, "cluster.samplers=[{}]", "objective.name=grpo", "eval.every=100000"]  # one sampler, ideal link
-PHASES = ("generate", "train", "sync", "other")
+PHASES = ("generate", "train", "sync", "verify", "other")
 # Model sizes (`--model`): the demo's warm-started 0.3M model, or Qwen3-style models of ~10M / ~100M parameters
 # with the addition task's tokenizer after a single warm-start step (untrained: `--dense-reward` gives their
 # groups reward spread, so that every step is a real optimizer step).

@@ -116,9 +116,11 @@ class StepLog:
 def heterorl_trial(cfg: RunConfig, warmup: int) -> dict[str, Any]:
     """The simulated cluster of `cfg`, timed by phase: generate (sampling and scoring, in the sampler worker),
     train (`LearnerLoop.train`), sync (export + publish hand-off and waits, sends, settling, receiving, loading
-    into the engine), eval (excluded), other (intake, records, the event loop)."""
+    into the engine), verify (the rollout verifier re-scoring the groups it picks: trust work TRL has no part
+    of), eval (excluded), other (intake's other checks, records, the event loop)."""
     from heterorl.loop.learner_loop import LearnerLoop
     from heterorl.loop.publisher import BackgroundPublisher
+    from heterorl.loop.verifier import RolloutVerifier
     from heterorl.loop.worker import SamplerWorker
     from heterorl.run.build import configure_torch, resolve_base_model
     from heterorl.run.recorder import RunRecorder
@@ -139,6 +141,7 @@ def heterorl_trial(cfg: RunConfig, warmup: int) -> dict[str, Any]:
         (SamplerWorker, "refresh"),
     ]:
         timer.wrap(owner, name, "sync")
+    timer.wrap(RolloutVerifier, "check", "verify")
     timer.wrap(RunRecorder, "evaluate", "eval")
     commit = LearnerLoop.commit
 
@@ -157,7 +160,7 @@ def heterorl_trial(cfg: RunConfig, warmup: int) -> dict[str, Any]:
         cluster.loop.publisher.close()
         cluster.close()
         rewards = cluster.loop.recorder.rewards
-    out = steps.result(warmup, ("generate", "train", "sync"), excluded=("eval",))
+    out = steps.result(warmup, ("generate", "train", "sync", "verify"), excluded=("eval",))
     out["reward"] = sum(rewards[warmup:]) / max(len(rewards[warmup:]), 1)
     return out
 
