@@ -217,7 +217,7 @@ class TextFormat:
 
     def encode_completion(self, text: str) -> list[int]:
         """The ids of `text` followed by end-of-sequence: how a completion of that text is tokenized."""
-        return [*self.tokenizer(text, add_special_tokens=False)["input_ids"], self.eos_id]
+        return [*self._encode(text), self.eos_id]
 
     def decode_completions(self, completion_ids_NL: torch.Tensor, completion_mask_NL: torch.Tensor) -> list[str]:
         """Completion texts, without end-of-sequence and padding.
